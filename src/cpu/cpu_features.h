@@ -15,6 +15,8 @@ typedef struct {
 const fm_cpu_features *fm_cpu_features_get(void);
 /* The level in use: the best this CPU runs, unless fm_cpu_set_isa lowered it. */
 fm_isa fm_cpu_isa(void);
+/* The best level this CPU (and OS) supports, whatever fm_cpu_set_isa chose. */
+fm_isa fm_cpu_isa_best(void);
 /* Forces a level (tests compare every level with the scalar reference); returns -1 if the CPU lacks it. */
 int fm_cpu_set_isa(fm_isa isa);
 const char *fm_isa_name(fm_isa isa);
