@@ -93,6 +93,14 @@ const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); /* NU
 /* 1 when s equals the C string c. */
 int gguf_str_eq(gguf_str s, const char *c);
 
+/* Names and sizes, for messages and tools: "uint32", "string", "array"...; "?" for an unknown type.
+ * gguf_type_size is the byte size of a scalar type (0 for STRING, ARRAY and unknown types). */
+const char *gguf_type_name(gguf_type t);
+size_t gguf_type_size(gguf_type t);
+/* ggml tensor type name ("f32", "q8_0", "q4_K", ...; "unknown" when the id is not a ggml type), so that a
+ * loader can say which unsupported type a tensor has. */
+const char *gguf_ggml_type_name(uint32_t ggml_type);
+
 /* ---- Writing (synthetic models, tests) ---- */
 typedef struct gguf_writer gguf_writer;
 
@@ -103,6 +111,8 @@ void gguf_writer_set_i32(gguf_writer *w, const char *key, int32_t v);
 void gguf_writer_set_f32(gguf_writer *w, const char *key, float v);
 void gguf_writer_set_bool(gguf_writer *w, const char *key, int v);
 void gguf_writer_set_str(gguf_writer *w, const char *key, const char *v);
+/* Any scalar type (not STRING or ARRAY): v points at one value of that type. */
+void gguf_writer_set_val(gguf_writer *w, const char *key, gguf_type type, const void *v);
 /* Arrays are copied. */
 void gguf_writer_set_arr_str(gguf_writer *w, const char *key, const char *const *v, uint64_t n);
 void gguf_writer_set_arr_data(gguf_writer *w, const char *key, gguf_type elem_type, const void *v, uint64_t n);
