@@ -51,7 +51,8 @@ static void test_roundtrip(void) {
     CHECK(st_n_tensors(f) == 3);
     CHECK(!strcmp(st_tensor_at(f, 0)->name, "a.bias")); /* name order */
     const st_tensor *t = st_find(f, "b.weight");
-    CHECK(t && t->supported && t->dtype == FM_DTYPE_F32 && t->n_dims == 2 && t->shape[0] == 2 && t->shape[1] == 3);
+    CHECK(t && t->supported && t->dtype == FM_DTYPE_F32 && t->n_dims == 2 && t->shape[0] == 2 &&
+          t->shape[1] == 3);
     CHECK(t && !memcmp(t->data, a, sizeof a) && ((uintptr_t)t->data % 4) == 0);
     t = st_find(f, "a.bias");
     CHECK(t && t->dtype == FM_DTYPE_BF16 && fm_bf16_to_f32(((const uint16_t *)t->data)[1]) == -2.0f);
@@ -81,8 +82,9 @@ static void test_valid_variants(void) {
     static uint8_t buf[1024];
     char err[FM_ERROR_LEN] = "";
     /* __metadata__ is ignored; an unused non-float dtype is listed and marked unsupported; empty tensors. */
-    const char *h = "{\"__metadata__\":{\"format\":\"pt\"},\"x\":{\"dtype\":\"I64\",\"shape\":[2],"
-                    "\"data_offsets\":[0,16]},\"e\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[16,16]}}";
+    const char *h =
+        "{\"__metadata__\":{\"format\":\"pt\"},\"x\":{\"dtype\":\"I64\",\"shape\":[2],"
+        "\"data_offsets\":[0,16]},\"e\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[16,16]}}";
     size_t n = make_image(buf, sizeof buf, h, 16);
     st_file *f = st_open_memory(buf, n, "ok.safetensors", err, sizeof err);
     CHECK_MSG(f != NULL, "%s", err);
@@ -128,7 +130,8 @@ static void test_corrupt(void) {
     expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8, "shape[0]");
     expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, "[begin, end]");
     expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, "begin 8 > end 0");
-    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "past the data section");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4,
+                "past the data section");
     expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "needs 12 bytes");
     expect_fail("{\"a\":{\"dtype\":\"BF16\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8,
                 "needs more than");

@@ -30,10 +30,21 @@ static const struct {
     int bytes;
     int fm; /* fm_dtype or -1 */
 } st_dtypes[] = {
-    {"F32", 4, FM_DTYPE_F32}, {"F16", 2, FM_DTYPE_F16},   {"BF16", 2, FM_DTYPE_BF16}, {"F64", 8, -1},
-    {"I64", 8, -1},           {"I32", 4, -1},             {"I16", 2, -1},             {"I8", 1, -1},
-    {"U64", 8, -1},           {"U32", 4, -1},             {"U16", 2, -1},             {"U8", 1, -1},
-    {"BOOL", 1, -1},          {"F8_E4M3", 1, -1},         {"F8_E5M2", 1, -1},
+    {"F32", 4, FM_DTYPE_F32},
+    {"F16", 2, FM_DTYPE_F16},
+    {"BF16", 2, FM_DTYPE_BF16},
+    {"F64", 8, -1},
+    {"I64", 8, -1},
+    {"I32", 4, -1},
+    {"I16", 2, -1},
+    {"I8", 1, -1},
+    {"U64", 8, -1},
+    {"U32", 4, -1},
+    {"U16", 2, -1},
+    {"U8", 1, -1},
+    {"BOOL", 1, -1},
+    {"F8_E4M3", 1, -1},
+    {"F8_E5M2", 1, -1},
 };
 
 const char *st_dtype_name(fm_dtype t) {
@@ -51,9 +62,15 @@ void st_close(st_file *f) {
     free(f);
 }
 
-const char *st_path(const st_file *f) { return f->path; }
-int64_t st_n_tensors(const st_file *f) { return f->n; }
-const st_tensor *st_tensor_at(const st_file *f, int64_t i) { return i >= 0 && i < f->n ? &f->t[i] : NULL; }
+const char *st_path(const st_file *f) {
+    return f->path;
+}
+int64_t st_n_tensors(const st_file *f) {
+    return f->n;
+}
+const st_tensor *st_tensor_at(const st_file *f, int64_t i) {
+    return i >= 0 && i < f->n ? &f->t[i] : NULL;
+}
 
 static int cmp_name(const void *a, const void *b) {
     return strcmp(((const st_tensor *)a)->name, ((const st_tensor *)b)->name);
@@ -86,7 +103,8 @@ static int parse_entry(const char *path, const char *name, const cJSON *e, uint6
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-    if (!cJSON_IsString(dt)) return fm_set_error(err, errlen, "%s: tensor '%s': missing string 'dtype'", path, name);
+    if (!cJSON_IsString(dt))
+        return fm_set_error(err, errlen, "%s: tensor '%s': missing string 'dtype'", path, name);
     int bytes = 0;
     for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++) {
         if (!strcmp(dt->valuestring, st_dtypes[i].name)) {
@@ -97,8 +115,10 @@ static int parse_entry(const char *path, const char *name, const cJSON *e, uint6
         }
     }
     if (!bytes)
-        return fm_set_error(err, errlen, "%s: tensor '%s': unknown dtype '%.20s'", path, name, dt->valuestring);
-    if (!cJSON_IsArray(sh)) return fm_set_error(err, errlen, "%s: tensor '%s': missing array 'shape'", path, name);
+        return fm_set_error(err, errlen, "%s: tensor '%s': unknown dtype '%.20s'", path, name,
+                            dt->valuestring);
+    if (!cJSON_IsArray(sh))
+        return fm_set_error(err, errlen, "%s: tensor '%s': missing array 'shape'", path, name);
     int rank = cJSON_GetArraySize(sh);
     if (rank > ST_MAX_DIMS)
         return fm_set_error(err, errlen, "%s: tensor '%s': rank %d, expected at most %d", path, name, rank,
@@ -113,23 +133,28 @@ static int parse_entry(const char *path, const char *name, const cJSON *e, uint6
             return fm_set_error(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path,
                                 name, i);
         t->shape[i] = (int64_t)v;
-        if (v && count > data_size / v) count = UINT64_MAX; /* too big for the file: caught below */
-        else count *= v;
+        if (v && count > data_size / v)
+            count = UINT64_MAX; /* too big for the file: caught below */
+        else
+            count *= v;
     }
     if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
         return fm_set_error(err, errlen, "%s: tensor '%s': 'data_offsets' must be [begin, end]", path, name);
     uint64_t b, en;
     if (json_u53(off->child, &b) || json_u53(off->child->next, &en))
-        return fm_set_error(err, errlen, "%s: tensor '%s': data_offsets are not non-negative integers", path, name);
+        return fm_set_error(err, errlen, "%s: tensor '%s': data_offsets are not non-negative integers", path,
+                            name);
     if (b > en)
         return fm_set_error(err, errlen, "%s: tensor '%s': data_offsets begin %llu > end %llu", path, name,
                             (unsigned long long)b, (unsigned long long)en);
     if (en > data_size)
-        return fm_set_error(err, errlen, "%s: tensor '%s': data ends at %llu, past the data section (%llu bytes)",
-                            path, name, (unsigned long long)en, (unsigned long long)data_size);
+        return fm_set_error(err, errlen,
+                            "%s: tensor '%s': data ends at %llu, past the data section (%llu bytes)", path,
+                            name, (unsigned long long)en, (unsigned long long)data_size);
     if (count == UINT64_MAX || count * (uint64_t)bytes != en - b)
-        return fm_set_error(err, errlen, "%s: tensor '%s': %s shape needs %s%llu bytes, data_offsets give %llu",
-                            path, name, t->dtype_name, count == UINT64_MAX ? "more than " : "",
+        return fm_set_error(err, errlen,
+                            "%s: tensor '%s': %s shape needs %s%llu bytes, data_offsets give %llu", path,
+                            name, t->dtype_name, count == UINT64_MAX ? "more than " : "",
                             (unsigned long long)(count == UINT64_MAX ? data_size : count * (uint64_t)bytes),
                             (unsigned long long)(en - b));
     t->n_elems = (int64_t)count;
@@ -141,17 +166,20 @@ static int parse_entry(const char *path, const char *name, const cJSON *e, uint6
 /* Validates the image and fills f->t. */
 static int st_parse(st_file *f, const uint8_t *img, size_t size, char *err, size_t errlen) {
     const char *path = f->path;
-    if (size < 8) return fm_set_error(err, errlen, "%s: %zu bytes, too short for a safetensors header", path, size);
+    if (size < 8)
+        return fm_set_error(err, errlen, "%s: %zu bytes, too short for a safetensors header", path, size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | img[i];
     if (hlen > ST_MAX_HEADER_BYTES)
         return fm_set_error(err, errlen, "%s: header length %llu exceeds the limit of %u bytes", path,
                             (unsigned long long)hlen, ST_MAX_HEADER_BYTES);
     if (hlen > size - 8)
-        return fm_set_error(err, errlen, "%s: header length %llu exceeds the file (%zu bytes after the length)",
-                            path, (unsigned long long)hlen, size - 8);
-    if (hlen < 2) return fm_set_error(err, errlen, "%s: header length %llu, expected a JSON object", path,
-                                      (unsigned long long)hlen);
+        return fm_set_error(err, errlen,
+                            "%s: header length %llu exceeds the file (%zu bytes after the length)", path,
+                            (unsigned long long)hlen, size - 8);
+    if (hlen < 2)
+        return fm_set_error(err, errlen, "%s: header length %llu, expected a JSON object", path,
+                            (unsigned long long)hlen);
     const uint8_t *data = img + 8 + hlen;
     uint64_t data_size = size - 8 - hlen;
     const char *json = (const char *)img + 8, *end = NULL;
@@ -191,7 +219,8 @@ static int st_parse(st_file *f, const uint8_t *img, size_t size, char *err, size
     qsort(f->t, (size_t)f->n, sizeof *f->t, cmp_name);
     for (int64_t i = 1; i < f->n; i++)
         if (!strcmp(f->t[i].name, f->t[i - 1].name))
-            return fm_set_error(err, errlen, "%s: tensor '%s' appears twice in the header", path, f->t[i].name);
+            return fm_set_error(err, errlen, "%s: tensor '%s' appears twice in the header", path,
+                                f->t[i].name);
     /* Overlaps: sort views by offset; each must begin at or after the previous end (empty tensors never
      * overlap anything). */
     const st_tensor **by = malloc((f->n ? (size_t)f->n : 1) * sizeof *by);
@@ -202,8 +231,8 @@ static int st_parse(st_file *f, const uint8_t *img, size_t size, char *err, size
     qsort(by, (size_t)m, sizeof *by, cmp_offset);
     for (int64_t i = 1; i < m && !rc; i++)
         if (by[i]->offset < by[i - 1]->offset + by[i - 1]->size)
-            rc = fm_set_error(err, errlen, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap", path,
-                              by[i - 1]->name, (unsigned long long)by[i - 1]->offset,
+            rc = fm_set_error(err, errlen, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
+                              path, by[i - 1]->name, (unsigned long long)by[i - 1]->offset,
                               (unsigned long long)(by[i - 1]->offset + by[i - 1]->size), by[i]->name,
                               (unsigned long long)by[i]->offset,
                               (unsigned long long)(by[i]->offset + by[i]->size));
@@ -273,7 +302,9 @@ struct st_writer {
     int n, cap;
 };
 
-st_writer *st_writer_create(void) { return calloc(1, sizeof(st_writer)); }
+st_writer *st_writer_create(void) {
+    return calloc(1, sizeof(st_writer));
+}
 
 void st_writer_free(st_writer *w) {
     if (!w) return;
@@ -288,8 +319,8 @@ static int writer_push(st_writer *w, const char *name, fm_dtype dtype, int n_dim
         return fm_set_error(err, errlen, "safetensors writer: tensor '%s': dtype %s cannot be stored", name,
                             fm_dtype_name(dtype));
     if (n_dims < 0 || n_dims > ST_MAX_DIMS)
-        return fm_set_error(err, errlen, "safetensors writer: tensor '%s': rank %d, expected 0..%d", name, n_dims,
-                            ST_MAX_DIMS);
+        return fm_set_error(err, errlen, "safetensors writer: tensor '%s': rank %d, expected 0..%d", name,
+                            n_dims, ST_MAX_DIMS);
     uint64_t count = 1;
     for (int i = 0; i < n_dims; i++) {
         if (shape[i] < 0 || (shape[i] && count > (UINT64_MAX >> 4) / (uint64_t)shape[i]))
@@ -407,7 +438,8 @@ int st_writer_write(st_writer *w, const char *path, char *err, size_t errlen) {
     free(buf);
     if (fclose(fp) && !rc) rc = io_err = -1;
     if (io_err) fm_set_error(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path)) rc = fm_set_error(err, errlen, "%s: rename failed: %s", path, strerror(errno));
+    if (!rc && rename(tmp, path))
+        rc = fm_set_error(err, errlen, "%s: rename failed: %s", path, strerror(errno));
     if (rc) remove(tmp);
 done:
     free(tmp);

@@ -17,16 +17,16 @@
 #define ST_MAX_HEADER_BYTES (100u * 1000u * 1000u)
 
 typedef struct {
-    const char *name;      /* NUL-terminated, owned by the file handle */
-    char dtype_name[12];   /* as written in the header: "BF16", "F32", "I64", ... */
-    int supported;         /* 1 when dtype is one of F32 / F16 / BF16 */
-    fm_dtype dtype;        /* valid when supported */
-    int n_dims;            /* 0 .. ST_MAX_DIMS */
+    const char *name;           /* NUL-terminated, owned by the file handle */
+    char dtype_name[12];        /* as written in the header: "BF16", "F32", "I64", ... */
+    int supported;              /* 1 when dtype is one of F32 / F16 / BF16 */
+    fm_dtype dtype;             /* valid when supported */
+    int n_dims;                 /* 0 .. ST_MAX_DIMS */
     int64_t shape[ST_MAX_DIMS]; /* shape[0] outermost (row-major, as torch) */
     int64_t n_elems;
-    uint64_t offset;       /* begin, relative to the data section */
-    uint64_t size;         /* bytes */
-    const void *data;      /* into the mapping; aligned only as well as the file is */
+    uint64_t offset;  /* begin, relative to the data section */
+    uint64_t size;    /* bytes */
+    const void *data; /* into the mapping; aligned only as well as the file is */
 } st_tensor;
 
 typedef struct st_file st_file;

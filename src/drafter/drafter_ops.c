@@ -1,0 +1,131 @@
+/* drafter_ops.c: the drafter's small element-wise and attention ops in f32 (products go through fm_matmul).
+ * Reductions accumulate in double so results do not depend on the order of summation to f32 precision.
+ * Kept private to the drafter until the shared CPU ops cover AdaLN modulation and f16 cross-attention. */
+#include <math.h>
+
+#include "drafter/drafter_internal.h"
+
+void fmd_rmsnorm_rows(const float *x, const float *w, int T, int n, float eps, float *y) {
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * n;
+        float *yr = y + (size_t)t * n;
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float r = (float)(1.0 / sqrt(ss / n + eps));
+        for (int i = 0; i < n; i++) yr[i] = xr[i] * (w[i] * r);
+    }
+}
+
+void fmd_ln_mod_rows(const float *x, const fmd_mod *m, int T, int n, float eps, float *y) {
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * n;
+        float *yr = y + (size_t)t * n;
+        double s = 0, q = 0;
+        for (int i = 0; i < n; i++) s += xr[i];
+        double mu = s / n;
+        for (int i = 0; i < n; i++) q += (xr[i] - mu) * (xr[i] - mu);
+        float r = (float)(1.0 / sqrt(q / n + eps)), muf = (float)mu;
+        for (int i = 0; i < n; i++) yr[i] = (xr[i] - muf) * r * (1.0f + m->scale[i]) + m->shift[i];
+    }
+}
+
+void fmd_rope_rows(const float *inv_freq, int half, int pos0, int n, float *cos_out, float *sin_out) {
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            float a = (float)(pos0 + t) * inv_freq[i]; /* f32 angle, as the reference computes it */
+            cos_out[(size_t)t * half + i] = (float)cos((double)a);
+            sin_out[(size_t)t * half + i] = (float)sin((double)a);
+        }
+}
+
+void fmd_head_norm_rope(float *x, const float *w, int T, int n_heads, int head_dim, float eps,
+                        const float *cs, const float *sn) {
+    int half = head_dim / 2;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * n_heads + h) * head_dim;
+            const float *c = cs + (size_t)t * half, *s = sn + (size_t)t * half;
+            double ss = 0;
+            for (int i = 0; i < head_dim; i++) ss += (double)v[i] * v[i];
+            float r = (float)(1.0 / sqrt(ss / head_dim + eps));
+            for (int i = 0; i < half; i++) {
+                float a0 = v[2 * i] * (w[2 * i] * r), a1 = v[2 * i + 1] * (w[2 * i + 1] * r);
+                v[2 * i] = a0 * c[i] - a1 * s[i];
+                v[2 * i + 1] = a1 * c[i] + a0 * s[i];
+            }
+        }
+}
+
+void fmd_gate_add(float *x, const float *y, const float *gate, int T, int n) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < n; i++) x[(size_t)t * n + i] += gate[i] * y[(size_t)t * n + i];
+}
+
+void fmd_gelu(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+
+void fmd_silu(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+int32_t fmd_argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return (int32_t)best;
+}
+
+typedef struct {
+    const float *q, *kf, *vf;
+    const uint16_t *kh, *vh;
+    int T, L, n_heads, head_dim;
+    float *o;
+    float *scores; /* [threads][L] */
+} attn_ctx;
+
+/* One (row, head) pair per item; each worker keeps its L scores in its own slice of the scratch. */
+static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
+    const attn_ctx *a = p;
+    int D = a->n_heads * a->head_dim, hd = a->head_dim;
+    float *sc = a->scores + (size_t)thread * a->L;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t it = begin; it < end; it++) {
+        int t = (int)(it / a->n_heads), h = (int)(it % a->n_heads);
+        const float *q = a->q + (size_t)t * D + (size_t)h * hd;
+        float mx = -INFINITY;
+        for (int j = 0; j < a->L; j++) {
+            size_t kb = (size_t)j * D + (size_t)h * hd;
+            double s = 0;
+            if (a->kf)
+                for (int d = 0; d < hd; d++) s += (double)q[d] * a->kf[kb + d];
+            else
+                for (int d = 0; d < hd; d++) s += (double)q[d] * fm_f16_to_f32(a->kh[kb + d]);
+            sc[j] = (float)s * scale;
+            if (sc[j] > mx) mx = sc[j];
+        }
+        double sum = 0;
+        for (int j = 0; j < a->L; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float *o = a->o + (size_t)t * D + (size_t)h * hd;
+        for (int d = 0; d < hd; d++) o[d] = 0;
+        for (int j = 0; j < a->L; j++) {
+            size_t vb = (size_t)j * D + (size_t)h * hd;
+            float p = sc[j];
+            if (a->vf)
+                for (int d = 0; d < hd; d++) o[d] += p * a->vf[vb + d];
+            else
+                for (int d = 0; d < hd; d++) o[d] += p * fm_f16_to_f32(a->vh[vb + d]);
+        }
+        float inv = (float)(1.0 / sum);
+        for (int d = 0; d < hd; d++) o[d] *= inv;
+    }
+}
+
+void fmd_attention(fm_pool *pool, const float *q, int T, const float *kf, const float *vf, const uint16_t *kh,
+                   const uint16_t *vh, int L, int n_heads, int head_dim, float *o, float *scores) {
+    attn_ctx a = {q, kf, vf, kh, vh, T, L, n_heads, head_dim, o, scores};
+    fm_pool_for(pool, (int64_t)T * n_heads, 1, attn_task, &a);
+}
