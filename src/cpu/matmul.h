@@ -1,9 +1,11 @@
 /* matmul.h: the CPU's weight-times-activations products, for every weight type, for T tokens at once.
  * One call reads each weight byte once for all T rows of x (the point of verify blocks and drafts).
- * Kernels: a scalar reference per type beside AVX2 and AVX-512 versions, chosen at run time (cpu_features). */
+ * Kernels: a scalar reference per type beside AVX2 and AVX-512 versions, chosen at run time (cpu_features).
+ */
 #ifndef FM_CPU_MATMUL_H
 #define FM_CPU_MATMUL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/dtype.h"
@@ -16,6 +18,10 @@ typedef struct {
     const void *data;
 } fm_matrix;
 
+/* Checks what fm_matmul assumes: a known dtype, rows/cols > 0, cols a multiple of the block size
+ * (32 for Q8_0), data not NULL. Loaders call it once per weight; fm_matmul itself does not check. */
+int fm_matrix_check(const fm_matrix *w, char *err, size_t errlen);
+
 /* y[t * rows + r] = sum_k W[r][k] * x[t * cols + k] (+ bias[r] when bias != NULL), for t < T.
  * Q8_0 weights quantise x to Q8_0 blocks once per call (as llama.cpp does) and use int8 dot products.
  * x and y must not overlap. */
@@ -26,5 +32,16 @@ void fm_matrix_row_f32(const fm_matrix *w, int64_t row, float *out);
 
 /* The same product computed by the scalar reference kernels only (tests, parity checks). */
 void fm_matmul_reference(const fm_matrix *w, const float *x, int T, float *y, const float *bias);
+
+/* Activation quantisation to Q8_0, bit-identical to ggml's quantize_row_q8_0_ref: per block of 32,
+ * d = amax / 127 (stored as f16, round-to-nearest-even), q = roundf(x * (d ? 1/d : 0)) (ties away from 0).
+ * n must be a multiple of 32. The first uses the fastest kernel of the current ISA level, the second is the
+ * scalar reference; both give the same bytes. */
+void fm_quantize_row_q8_0(const float *x, fm_block_q8_0 *y, int64_t n);
+void fm_quantize_row_q8_0_reference(const float *x, fm_block_q8_0 *y, int64_t n);
+
+/* fm_matmul keeps a per-thread workspace for quantised activations (grown, never shrunk). Threads of the
+ * pool free theirs at exit; this frees the calling thread's now (also registered with atexit). */
+void fm_matmul_scratch_release(void);
 
 #endif

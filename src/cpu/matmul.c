@@ -1,0 +1,259 @@
+/* matmul.c: fm_matmul's dispatcher. Picks the kernels of the current ISA level (cpu_features, read at every
+ * call so tests can switch levels), prepares the activations once per call (Q8_0 blocks for Q8_0 weights,
+ * a bf16 hi/lo split for the AVX512-BF16 kernel), and splits the rows over the pool in contiguous ranges.
+ *
+ * Workspace: each thread that calls fm_matmul owns one buffer (a pthread key), grown when a call needs more
+ * and never shrunk, so the hot path does not allocate. Pool workers never touch it: the caller prepares the
+ * activations before the rows are handed out. Buffers are freed at thread exit (key destructor), at process
+ * exit for the thread calling exit (atexit), or on demand (fm_matmul_scratch_release). */
+#include "cpu/matmul.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "cpu/cpu_features.h"
+#include "cpu/matmul_kernels.h"
+
+typedef struct {
+    fm_mm_kernel kern[FM_DTYPE_COUNT];
+    fm_mm_quant_fn quant;
+    int split_bf16; /* the BF16 kernel reads xbf_hi/xbf_lo */
+} fm_mm_table;
+
+static const fm_mm_table k_scalar = {
+    .kern = {[FM_DTYPE_F32] = fm_mm_f32_scalar,
+             [FM_DTYPE_F16] = fm_mm_f16_scalar,
+             [FM_DTYPE_BF16] = fm_mm_bf16_scalar,
+             [FM_DTYPE_Q8_0] = fm_mm_q8_0_scalar},
+    .quant = fm_quant_q8_0_scalar,
+};
+
+#if defined(__x86_64__) || defined(__i386__)
+#define FM_HAVE_X86_KERNELS 1
+static const fm_mm_table k_avx2 = {
+    .kern = {[FM_DTYPE_F32] = fm_mm_f32_avx2,
+             [FM_DTYPE_F16] = fm_mm_f16_avx2,
+             [FM_DTYPE_BF16] = fm_mm_bf16_avx2,
+             [FM_DTYPE_Q8_0] = fm_mm_q8_0_avx2},
+    .quant = fm_quant_q8_0_avx2,
+};
+#endif
+
+/* The table of the current level; the AVX-512 one depends on the optional VNNI and BF16 extensions. */
+static fm_mm_table current_table(void) {
+#ifdef FM_HAVE_X86_KERNELS
+    fm_isa isa = fm_cpu_isa();
+    if (isa == FM_ISA_AVX512) {
+        const fm_cpu_features *f = fm_cpu_features_get();
+        fm_mm_table t = k_avx2;
+        t.kern[FM_DTYPE_F32] = fm_mm_f32_avx512;
+        t.kern[FM_DTYPE_F16] = fm_mm_f16_avx512;
+        t.kern[FM_DTYPE_BF16] = f->avx512bf16 ? fm_mm_bf16_dpbf16_avx512 : fm_mm_bf16_avx512;
+        t.split_bf16 = f->avx512bf16;
+        if (f->avx512vnni) t.kern[FM_DTYPE_Q8_0] = fm_mm_q8_0_vnni_avx512; /* else the AVX2 int8 kernel */
+        return t;
+    }
+    if (isa == FM_ISA_AVX2) return k_avx2;
+#endif
+    return k_scalar;
+}
+
+/* ---- per-thread workspace ---- */
+
+typedef struct {
+    void *p;
+    size_t cap;
+} fm_scratch;
+
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static int g_scratch_ok;
+
+static void scratch_destroy(void *v) {
+    fm_scratch *s = v;
+    if (s) free(s->p);
+    free(s);
+}
+
+void fm_matmul_scratch_release(void) {
+    if (!g_scratch_ok) return;
+    fm_scratch *s = pthread_getspecific(g_scratch_key);
+    if (!s) return;
+    pthread_setspecific(g_scratch_key, NULL);
+    scratch_destroy(s);
+}
+
+static void scratch_init(void) {
+    g_scratch_ok = pthread_key_create(&g_scratch_key, scratch_destroy) == 0;
+    if (g_scratch_ok) atexit(fm_matmul_scratch_release);
+}
+
+/* The calling thread's workspace of at least `bytes` (64-byte aligned), or NULL when out of memory. */
+static void *scratch_get(size_t bytes) {
+    pthread_once(&g_scratch_once, scratch_init);
+    if (!g_scratch_ok) return NULL;
+    fm_scratch *s = pthread_getspecific(g_scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s || pthread_setspecific(g_scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->cap < bytes) {
+        size_t cap = bytes + bytes / 2 + 4096;
+        cap = (cap + 63) & ~(size_t)63;
+        void *p = aligned_alloc(64, cap);
+        if (!p) return NULL;
+        free(s->p);
+        s->p = p;
+        s->cap = cap;
+    }
+    return s->p;
+}
+
+static size_t align64(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+/* ---- the call ---- */
+
+typedef struct {
+    fm_mm_kernel kern;
+    const fm_matrix *w;
+    const fm_mm_act *act;
+    float *y;
+    const float *bias;
+} fm_mm_job;
+
+static void mm_task(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const fm_mm_job *j = ctx;
+    j->kern(j->w, j->act, j->y, j->bias, begin, end);
+}
+
+/* Serial fallback when the workspace cannot be had: the scalar kernels on blocks quantised one at a time
+ * would need storage too, so quantise into a stack block per (token, block) and use the scalar formula. */
+static void matmul_q8_0_nomem(const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
+    const int64_t nb = w->cols / FM_QK8_0;
+    for (int64_t r = 0; r < w->rows; r++) {
+        const fm_block_q8_0 *wr = (const fm_block_q8_0 *)w->data + r * nb;
+        for (int t = 0; t < T; t++) {
+            float s = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                fm_block_q8_0 xb;
+                fm_quant_q8_0_scalar(x + (int64_t)t * w->cols + b * FM_QK8_0, &xb, NULL, FM_QK8_0);
+                int32_t isum = 0;
+                for (int k = 0; k < FM_QK8_0; k++) isum += (int32_t)wr[b].qs[k] * xb.qs[k];
+                s += (float)isum * (fm_f16_to_f32(wr[b].d) * fm_f16_to_f32(xb.d));
+            }
+            y[(int64_t)t * w->rows + r] = s + (bias ? bias[r] : 0.0f);
+        }
+    }
+}
+
+static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *w, const float *x, int T,
+                       float *y, const float *bias) {
+    if (T <= 0 || w->rows <= 0 || w->cols <= 0) return;
+    fm_mm_act act = {.T = T, .x = x};
+    fm_mm_kernel kern = tab->kern[w->dtype];
+    if (w->dtype == FM_DTYPE_Q8_0) {
+        const int64_t nb = w->cols / FM_QK8_0, nblk = (int64_t)T * nb;
+        size_t qbytes = align64((size_t)nblk * sizeof(fm_block_q8_0));
+        char *ws = scratch_get(qbytes + (size_t)nblk * sizeof(float));
+        if (!ws) {
+            matmul_q8_0_nomem(w, x, T, y, bias);
+            return;
+        }
+        fm_block_q8_0 *xq = (fm_block_q8_0 *)ws; /* [T][nb] */
+        float *xd = (float *)(ws + qbytes);      /* [T][nb] */
+        tab->quant(x, xq, xd, (int64_t)T * w->cols);
+        act.xq = xq;
+        act.xd = xd;
+    } else if (w->dtype == FM_DTYPE_BF16 && tab->split_bf16) {
+        size_t n = (size_t)T * (size_t)w->cols, half = align64(n * sizeof(uint16_t));
+        uint16_t *ws = scratch_get(2 * half);
+        if (!ws) {
+            kern = k_scalar.kern[FM_DTYPE_BF16];
+        } else {
+            act.xbf_hi = ws;                              /* [T][cols] */
+            act.xbf_lo = (uint16_t *)((char *)ws + half); /* [T][cols] */
+#ifdef FM_HAVE_X86_KERNELS
+            fm_split_bf16_avx512(x, ws, (uint16_t *)act.xbf_lo, (int64_t)n);
+#endif
+        }
+    }
+    /* Threads pay off above ~32k multiply-adds per range (a wake-up costs a few microseconds). */
+    int64_t work_per_row = w->cols * (int64_t)T;
+    int64_t grain = 32768 / work_per_row + 1;
+    if (grain < 4) grain = 4;
+    fm_mm_job job = {kern, w, &act, y, bias};
+    fm_pool_for(pool, w->rows, grain, mm_task, &job);
+}
+
+void fm_matmul(fm_pool *pool, const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
+    fm_mm_table tab = current_table();
+    matmul_run(pool, &tab, w, x, T, y, bias);
+}
+
+void fm_matmul_reference(const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
+    matmul_run(NULL, &k_scalar, w, x, T, y, bias);
+}
+
+void fm_quantize_row_q8_0(const float *x, fm_block_q8_0 *y, int64_t n) {
+    fm_mm_table tab = current_table();
+    tab.quant(x, y, NULL, n);
+}
+
+void fm_quantize_row_q8_0_reference(const float *x, fm_block_q8_0 *y, int64_t n) {
+    fm_quant_q8_0_scalar(x, y, NULL, n);
+}
+
+int fm_matrix_check(const fm_matrix *w, char *err, size_t errlen) {
+    if (!w) return fm_set_error(err, errlen, "matmul: matrix is NULL");
+    if ((unsigned)w->dtype >= FM_DTYPE_COUNT)
+        return fm_set_error(err, errlen, "matmul: unknown dtype %d (expected f32, f16, bf16 or q8_0)",
+                            (int)w->dtype);
+    if (w->rows <= 0 || w->cols <= 0)
+        return fm_set_error(err, errlen, "matmul: shape %lldx%lld, expected positive rows and cols",
+                            (long long)w->rows, (long long)w->cols);
+    int be = fm_dtype_block_elems(w->dtype);
+    if (w->cols % be)
+        return fm_set_error(err, errlen, "matmul: %s matrix has %lld cols, expected a multiple of %d",
+                            fm_dtype_name(w->dtype), (long long)w->cols, be);
+    if (!w->data) return fm_set_error(err, errlen, "matmul: %s matrix has no data", fm_dtype_name(w->dtype));
+    return 0;
+}
+
+void fm_matrix_row_f32(const fm_matrix *w, int64_t row, float *out) {
+    const int64_t K = w->cols;
+    switch (w->dtype) {
+    case FM_DTYPE_F32: {
+        const float *p = (const float *)w->data + row * K;
+        for (int64_t k = 0; k < K; k++) out[k] = p[k];
+        break;
+    }
+    case FM_DTYPE_F16: {
+        const uint16_t *p = (const uint16_t *)w->data + row * K;
+        for (int64_t k = 0; k < K; k++) out[k] = fm_f16_to_f32(p[k]);
+        break;
+    }
+    case FM_DTYPE_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + row * K;
+        for (int64_t k = 0; k < K; k++) out[k] = fm_bf16_to_f32(p[k]);
+        break;
+    }
+    case FM_DTYPE_Q8_0: {
+        const int64_t nb = K / FM_QK8_0;
+        const fm_block_q8_0 *p = (const fm_block_q8_0 *)w->data + row * nb;
+        for (int64_t b = 0; b < nb; b++) {
+            const float d = fm_f16_to_f32(p[b].d);
+            for (int j = 0; j < FM_QK8_0; j++) out[b * FM_QK8_0 + j] = d * (float)p[b].qs[j];
+        }
+        break;
+    }
+    case FM_DTYPE_COUNT:
+        break;
+    }
+}

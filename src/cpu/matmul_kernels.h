@@ -1,0 +1,64 @@
+/* matmul_kernels.h: internal interface between the matmul dispatcher (matmul.c) and the per-ISA kernels
+ * (matmul_scalar.c, matmul_avx2.c, matmul_avx512.c). Not part of the public contract.
+ *
+ * A kernel computes the output rows [r0, r1) of y = W x for all T tokens of one call:
+ *   y[t * rows + r] = dot(W[r], x[t]) + (bias ? bias[r] : 0).
+ * It reads the activations from fm_mm_act, prepared once per call by the dispatcher, and must give the same
+ * result as the scalar kernel of its type up to f32 summation order. Kernels tile rows x tokens so that each
+ * weight block is loaded from memory once and reused for every token of the tile. */
+#ifndef FM_CPU_MATMUL_KERNELS_H
+#define FM_CPU_MATMUL_KERNELS_H
+
+#include "cpu/matmul.h"
+
+typedef struct {
+    int T;
+    const float *x;          /* [T][cols] f32 activations */
+    const fm_block_q8_0 *xq; /* [T][cols / 32] Q8_0 activations (Q8_0 weights only) */
+    const float *xd;         /* [T][cols / 32] f32 value of each xq block's f16 scale */
+    const uint16_t *xbf_hi;  /* [T][cols] bf16(x) (AVX512-BF16 kernel only) */
+    const uint16_t *xbf_lo;  /* [T][cols] bf16(x - f32(xbf_hi)): hi + lo carries ~16 mantissa bits */
+} fm_mm_act;
+
+typedef void (*fm_mm_kernel)(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                             int64_t r1);
+/* Quantises n values (a multiple of 32) to Q8_0 blocks and also writes each block's scale as f32 to d. */
+typedef void (*fm_mm_quant_fn)(const float *x, fm_block_q8_0 *y, float *d, int64_t n);
+
+void fm_mm_f32_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                      int64_t r1);
+void fm_mm_f16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                      int64_t r1);
+void fm_mm_bf16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1);
+void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1);
+void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n);
+
+/* Compiled with AVX2+FMA+F16C; call only when fm_cpu_isa() >= FM_ISA_AVX2. */
+void fm_mm_f32_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                    int64_t r1);
+void fm_mm_f16_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                    int64_t r1);
+void fm_mm_bf16_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                     int64_t r1);
+void fm_mm_q8_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                     int64_t r1);
+void fm_quant_q8_0_avx2(const float *x, fm_block_q8_0 *y, float *d, int64_t n);
+
+/* Compiled with AVX-512 F/BW/VL/DQ (+VNNI, +BF16); call only when fm_cpu_isa() == FM_ISA_AVX512, and the
+ * _vnni / _dpbf16 ones only when the CPU reports avx512vnni / avx512bf16. */
+void fm_mm_f32_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                      int64_t r1);
+void fm_mm_f16_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                      int64_t r1);
+void fm_mm_bf16_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1);
+void fm_mm_bf16_dpbf16_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                              int64_t r1);
+void fm_mm_q8_0_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                            int64_t r1);
+/* Splits x [n] into bf16 hi and lo parts (see fm_mm_act). */
+void fm_split_bf16_avx512(const float *x, uint16_t *hi, uint16_t *lo, int64_t n);
+
+#endif

@@ -1,0 +1,89 @@
+/* matmul_scalar.c: the scalar reference kernel of every weight type, and the reference Q8_0 activation
+ * quantiser. Plain loops in the order the math is written: the SIMD kernels are tested against these.
+ * f32 accumulation throughout; Q8_0 sums each block's int8 products exactly in int32, then adds
+ * isum * (d_w * d_x) in f32, block by block, as ggml's vec_dot_q8_0_q8_0 does. */
+#include <math.h>
+
+#include "cpu/matmul_kernels.h"
+
+static float out_bias(const float *bias, int64_t r) {
+    return bias ? bias[r] : 0.0f;
+}
+
+void fm_mm_f32_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                      int64_t r1) {
+    const int64_t K = w->cols;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *wr = (const float *)w->data + r * K;
+        for (int t = 0; t < a->T; t++) {
+            const float *xt = a->x + (int64_t)t * K;
+            float s = 0;
+            for (int64_t k = 0; k < K; k++) s += wr[k] * xt[k];
+            y[(int64_t)t * w->rows + r] = s + out_bias(bias, r);
+        }
+    }
+}
+
+void fm_mm_f16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                      int64_t r1) {
+    const int64_t K = w->cols;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *wr = (const uint16_t *)w->data + r * K;
+        for (int t = 0; t < a->T; t++) {
+            const float *xt = a->x + (int64_t)t * K;
+            float s = 0;
+            for (int64_t k = 0; k < K; k++) s += fm_f16_to_f32(wr[k]) * xt[k];
+            y[(int64_t)t * w->rows + r] = s + out_bias(bias, r);
+        }
+    }
+}
+
+void fm_mm_bf16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1) {
+    const int64_t K = w->cols;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *wr = (const uint16_t *)w->data + r * K;
+        for (int t = 0; t < a->T; t++) {
+            const float *xt = a->x + (int64_t)t * K;
+            float s = 0;
+            for (int64_t k = 0; k < K; k++) s += fm_bf16_to_f32(wr[k]) * xt[k];
+            y[(int64_t)t * w->rows + r] = s + out_bias(bias, r);
+        }
+    }
+}
+
+void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1) {
+    const int64_t nb = w->cols / FM_QK8_0;
+    for (int64_t r = r0; r < r1; r++) {
+        const fm_block_q8_0 *wr = (const fm_block_q8_0 *)w->data + r * nb;
+        for (int t = 0; t < a->T; t++) {
+            const fm_block_q8_0 *xt = a->xq + (int64_t)t * nb;
+            float s = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t isum = 0;
+                for (int j = 0; j < FM_QK8_0; j++) isum += (int32_t)wr[b].qs[j] * (int32_t)xt[b].qs[j];
+                s += (float)isum * (fm_f16_to_f32(wr[b].d) * fm_f16_to_f32(xt[b].d));
+            }
+            y[(int64_t)t * w->rows + r] = s + out_bias(bias, r);
+        }
+    }
+}
+
+/* ggml's quantize_row_q8_0_ref, formula for formula. */
+void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n) {
+    const int64_t nb = n / FM_QK8_0;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * FM_QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < FM_QK8_0; j++) {
+            const float v = fabsf(xb[j]);
+            amax = amax > v ? amax : v;
+        }
+        const float db = amax / 127.0f;
+        const float id = db != 0.0f ? 1.0f / db : 0.0f;
+        y[b].d = fm_f32_to_f16(db);
+        for (int j = 0; j < FM_QK8_0; j++) y[b].qs[j] = (int8_t)roundf(xb[j] * id);
+        if (d) d[b] = fm_f16_to_f32(y[b].d);
+    }
+}

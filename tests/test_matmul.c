@@ -1,0 +1,281 @@
+/* test_matmul.c: every weight type x every ISA level this CPU runs, against the scalar reference; the
+ * scalar reference against an independent double-precision product; Q8_0 activation quantisation against a
+ * plain reimplementation of ggml's quantize_row_q8_0_ref (bytes must match), edge cases included;
+ * fm_matrix_row_f32 and fm_matrix_check.
+ *
+ * Tolerances. All kernels accumulate in f32; they differ from the reference only in summation order (SIMD
+ * lanes, tiles), and for Q8_0 the int8 products are exact in both, so the difference is bounded by
+ * ~n * 2^-24 * sum_k |w_k x_k| (Higham's bound for recursive summation, n terms; a SIMD tree has a smaller
+ * bound). With n <= 1100 terms (cols, or blocks for Q8_0) that is <= 6.6e-5, so we allow
+ * 1e-4 * sum|w x| + 1e-6. A wrong or missing term is caught: one term is on average sum|w x| / cols ~ 1e-3
+ * of it. The AVX512-BF16 kernel carries x as bf16 hi+lo (~2^-17 relative per term), inside the same bound. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "cpu/cpu_features.h"
+#include "cpu/matmul.h"
+#include "test_util.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float rng_uniform(void) {
+    return (float)(rng_u32() & 0xffffff) / 8388608.0f - 1.0f;
+} /* [-1, 1) */
+
+/* ggml's quantize_row_q8_0_ref as its source reads, written out independently of the library. */
+static void ggml_style_q8_0(const float *x, fm_block_q8_0 *y, int64_t k) {
+    for (int64_t i = 0; i < k / 32; i++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const float v = x[i * 32 + j];
+            amax = amax > fabsf(v) ? amax : fabsf(v);
+        }
+        const float d = amax / ((1 << 7) - 1);
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = fm_f32_to_f16(d);
+        for (int j = 0; j < 32; ++j) y[i].qs[j] = (int8_t)roundf(x[i * 32 + j] * id);
+    }
+}
+
+/* Random weights of a type; Q8_0 blocks get random scales and int8 values including -128 (legal in GGUF). */
+static void *make_weights(fm_dtype dt, int64_t rows, int64_t cols) {
+    size_t rb = fm_dtype_row_bytes(dt, cols);
+    char *data = malloc(rb * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++) {
+        char *row = data + (size_t)r * rb;
+        for (int64_t k = 0; k < cols; k++) {
+            float v = rng_uniform();
+            if (dt == FM_DTYPE_F32) ((float *)row)[k] = v;
+            if (dt == FM_DTYPE_F16) ((uint16_t *)row)[k] = fm_f32_to_f16(v);
+            if (dt == FM_DTYPE_BF16) ((uint16_t *)row)[k] = fm_f32_to_bf16(v);
+        }
+        if (dt == FM_DTYPE_Q8_0)
+            for (int64_t b = 0; b < cols / 32; b++) {
+                fm_block_q8_0 *blk = (fm_block_q8_0 *)row + b;
+                blk->d = fm_f32_to_f16(0.001f + 0.02f * (rng_uniform() + 1.0f));
+                for (int j = 0; j < 32; j++) blk->qs[j] = (int8_t)(rng_u32() % 256 - 128);
+            }
+    }
+    return data;
+}
+
+/* sum_k |w_k x_k| per (t, r): the scale of the tolerance. */
+static double magnitude(const fm_matrix *w, const float *wrow, const float *xt) {
+    double m = 0;
+    for (int64_t k = 0; k < w->cols; k++) m += fabs((double)wrow[k] * xt[k]);
+    return m;
+}
+
+static const int k_tokens[] = {1, 2, 3, 7, 8, 16, 17, 33};
+#define N_TOKENS ((int)(sizeof k_tokens / sizeof *k_tokens))
+
+static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
+    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols)};
+    const int Tmax = 33;
+    float *x = malloc(sizeof(float) * (size_t)(Tmax * cols));
+    float *bias = malloc(sizeof(float) * (size_t)rows);
+    float *yref = malloc(sizeof(float) * (size_t)(Tmax * rows)),
+          *y = malloc(sizeof(float) * (size_t)(Tmax * rows));
+    float *wf = malloc(sizeof(float) * (size_t)(rows * cols));
+    for (int64_t i = 0; i < Tmax * cols; i++) x[i] = rng_uniform() * 2.0f;
+    for (int64_t r = 0; r < rows; r++) bias[r] = rng_uniform();
+    for (int64_t r = 0; r < rows; r++) fm_matrix_row_f32(&w, r, wf + r * cols);
+    /* For Q8_0 the exact product uses x as quantised then dequantised (what the kernels multiply). */
+    float *xe = malloc(sizeof(float) * (size_t)(Tmax * cols));
+    memcpy(xe, x, sizeof(float) * (size_t)(Tmax * cols));
+    if (dt == FM_DTYPE_Q8_0) {
+        fm_block_q8_0 *q = malloc(sizeof *q * (size_t)(Tmax * cols / 32));
+        ggml_style_q8_0(x, q, Tmax * cols);
+        fm_matrix xm = {FM_DTYPE_Q8_0, Tmax, cols, q};
+        for (int t = 0; t < Tmax; t++) fm_matrix_row_f32(&xm, t, xe + t * cols);
+        free(q);
+    }
+    const fm_isa best = fm_cpu_isa_best();
+    for (int ti = 0; ti < N_TOKENS; ti++) {
+        const int T = k_tokens[ti];
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            const float *bp = with_bias ? bias : NULL;
+            fm_matmul_reference(&w, x, T, yref, bp);
+            /* Reference vs double precision. */
+            int bad = 0;
+            double worst = 0;
+            for (int t = 0; t < T; t++)
+                for (int64_t r = 0; r < rows; r++) {
+                    double e = bp ? bp[r] : 0.0;
+                    for (int64_t k = 0; k < cols; k++) e += (double)wf[r * cols + k] * xe[t * cols + k];
+                    double tol = 1e-4 * magnitude(&w, wf + r * cols, xe + t * cols) + 1e-6;
+                    double err = fabs(yref[t * rows + r] - e);
+                    if (err > tol) bad++;
+                    if (err / tol > worst) worst = err / tol;
+                }
+            CHECK_MSG(bad == 0,
+                      "%s %lldx%lld T=%d bias=%d: reference off the double product in %d outputs "
+                      "(worst err/tol %.2f)",
+                      fm_dtype_name(dt), (long long)rows, (long long)cols, T, with_bias, bad, worst);
+            for (int lvl = FM_ISA_SCALAR; lvl <= (int)best; lvl++) {
+                CHECK(fm_cpu_set_isa((fm_isa)lvl) == 0);
+                for (int use_pool = 0; use_pool < 2; use_pool++) {
+                    for (int64_t i = 0; i < T * rows; i++) y[i] = NAN;
+                    fm_matmul(use_pool ? pool : NULL, &w, x, T, y, bp);
+                    bad = 0;
+                    worst = 0;
+                    for (int t = 0; t < T; t++)
+                        for (int64_t r = 0; r < rows; r++) {
+                            double tol = 1e-4 * magnitude(&w, wf + r * cols, xe + t * cols) + 1e-6;
+                            double err = fabs((double)y[t * rows + r] - yref[t * rows + r]);
+                            if (!(err <= tol)) bad++;
+                            if (err / tol > worst) worst = err / tol;
+                        }
+                    CHECK_MSG(bad == 0,
+                              "%s %s %lldx%lld T=%d bias=%d pool=%d: %d outputs off (worst err/tol %.2f)",
+                              fm_dtype_name(dt), fm_isa_name((fm_isa)lvl), (long long)rows, (long long)cols,
+                              T, with_bias, use_pool, bad, worst);
+                }
+            }
+            fm_cpu_set_isa(best);
+        }
+    }
+    free((void *)w.data);
+    free(x);
+    free(xe);
+    free(bias);
+    free(yref);
+    free(y);
+    free(wf);
+}
+
+static void check_quant_same(const float *x, int64_t n, const char *what) {
+    fm_block_q8_0 *a = calloc((size_t)n / 32, sizeof *a), *b = calloc((size_t)n / 32, sizeof *b);
+    ggml_style_q8_0(x, a, n);
+    fm_quantize_row_q8_0_reference(x, b, n);
+    CHECK_MSG(memcmp(a, b, sizeof *a * (size_t)(n / 32)) == 0, "%s: reference quantiser differs from ggml's",
+              what);
+    const fm_isa best = fm_cpu_isa_best();
+    for (int lvl = FM_ISA_SCALAR; lvl <= (int)best; lvl++) {
+        fm_cpu_set_isa((fm_isa)lvl);
+        memset(b, 0x55, sizeof *b * (size_t)(n / 32));
+        fm_quantize_row_q8_0(x, b, n);
+        CHECK_MSG(memcmp(a, b, sizeof *a * (size_t)(n / 32)) == 0, "%s: %s quantiser differs from ggml's",
+                  what, fm_isa_name((fm_isa)lvl));
+    }
+    fm_cpu_set_isa(best);
+    free(a);
+    free(b);
+}
+
+static void test_quantise(void) {
+    float x[32 * 8];
+    memset(x, 0, sizeof x);
+    check_quant_same(x, 32, "all zeros");
+    fm_block_q8_0 q;
+    fm_quantize_row_q8_0(x, &q, 32);
+    CHECK(q.d == 0);
+    int zeros = 1;
+    for (int j = 0; j < 32; j++) zeros &= q.qs[j] == 0;
+    CHECK(zeros);
+
+    for (int j = 0; j < 32; j++) x[j] = 0.001f * (float)(j - 16);
+    x[7] = 1e4f; /* one huge value: everything else rounds to 0 */
+    check_quant_same(x, 32, "one huge value");
+    fm_quantize_row_q8_0(x, &q, 32);
+    CHECK(q.qs[7] == 127 && q.qs[0] == 0);
+    x[7] = 1e30f; /* d overflows f16 to inf, as in ggml */
+    check_quant_same(x, 32, "d beyond f16 range");
+
+    for (int j = 0; j < 32; j++) x[j] = 0.5f * (float)(j % 5);
+    x[3] = -9.0f; /* negative max: q = -127 there */
+    check_quant_same(x, 32, "negative max");
+    fm_quantize_row_q8_0(x, &q, 32);
+    CHECK(q.qs[3] == -127);
+
+    /* Ties: amax = 127 makes id = 1 exactly, so x = k + 0.5 must round away from zero (roundf), not to even.
+     */
+    for (int j = 0; j < 32; j++) x[j] = (float)(j - 16) + 0.5f;
+    x[0] = 127.0f;
+    check_quant_same(x, 32, "ties");
+    fm_quantize_row_q8_0(x, &q, 32);
+    CHECK(q.qs[1] == -15 && q.qs[2] == -14 && q.qs[17] == 2 && q.qs[18] == 3); /* -14.5, -13.5, 1.5, 2.5 */
+
+    for (int j = 0; j < 32 * 8; j++) x[j] = rng_uniform() * (float)(1 << (j % 12));
+    check_quant_same(x, 32 * 8, "random");
+    for (int j = 0; j < 32 * 8; j++) x[j] = rng_uniform() * 1e-6f;
+    check_quant_same(x, 32 * 8, "tiny (f16 subnormal scales)");
+}
+
+static void test_row_and_check(void) {
+    char err[FM_ERROR_LEN];
+    fm_block_q8_0 blk[2];
+    for (int b = 0; b < 2; b++) {
+        blk[b].d = fm_f32_to_f16(0.5f * (float)(b + 1));
+        for (int j = 0; j < 32; j++) blk[b].qs[j] = (int8_t)(j - 16 + b);
+    }
+    fm_matrix m = {FM_DTYPE_Q8_0, 1, 64, blk};
+    float out[64];
+    fm_matrix_row_f32(&m, 0, out);
+    CHECK_NEAR(out[0], 0.5f * -16.0f, 0);
+    CHECK_NEAR(out[63], 1.0f * 16.0f, 0);
+    uint16_t h[6] = {fm_f32_to_f16(1.5f),  fm_f32_to_f16(-2.0f),  fm_f32_to_f16(0.25f),
+                     fm_f32_to_bf16(1.5f), fm_f32_to_bf16(-2.0f), fm_f32_to_bf16(3.0f)};
+    fm_matrix mh = {FM_DTYPE_F16, 2, 3, h};
+    fm_matrix_row_f32(&mh, 0, out);
+    CHECK(out[0] == 1.5f && out[1] == -2.0f && out[2] == 0.25f);
+    fm_matrix mb = {FM_DTYPE_BF16, 2, 3, h};
+    fm_matrix_row_f32(&mb, 1, out);
+    CHECK(out[0] == 1.5f && out[1] == -2.0f && out[2] == 3.0f);
+    float f[4] = {1, 2, 3, 4};
+    fm_matrix mf = {FM_DTYPE_F32, 2, 2, f};
+    fm_matrix_row_f32(&mf, 1, out);
+    CHECK(out[0] == 3 && out[1] == 4);
+
+    CHECK(fm_matrix_check(&m, err, sizeof err) == 0);
+    fm_matrix bad = {FM_DTYPE_Q8_0, 4, 48, blk};
+    CHECK(fm_matrix_check(&bad, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "multiple of 32") != NULL, "message: %s", err);
+    bad = (fm_matrix){FM_DTYPE_F32, 0, 4, f};
+    CHECK(fm_matrix_check(&bad, err, sizeof err) == -1);
+    bad = (fm_matrix){FM_DTYPE_F32, 2, 2, NULL};
+    CHECK(fm_matrix_check(&bad, err, sizeof err) == -1);
+}
+
+static void test_isa_levels(void) {
+    const fm_isa best = fm_cpu_isa_best();
+    CHECK(fm_cpu_isa() == best);
+    for (int lvl = FM_ISA_SCALAR; lvl <= FM_ISA_AVX512; lvl++) {
+        int rc = fm_cpu_set_isa((fm_isa)lvl);
+        CHECK(rc == (lvl <= (int)best ? 0 : -1));
+        if (rc != 0)
+            printf("test_matmul: skipping ISA level %s: this CPU lacks it\n", fm_isa_name((fm_isa)lvl));
+    }
+    fm_cpu_set_isa(best);
+    const fm_cpu_features *f = fm_cpu_features_get();
+    printf("test_matmul: best level %s (avx2 %d fma %d f16c %d avx512f %d bw %d vl %d dq %d vnni %d bf16 %d "
+           "avx-vnni %d)\n",
+           fm_isa_name(best), f->avx2, f->fma, f->f16c, f->avx512f, f->avx512bw, f->avx512vl, f->avx512dq,
+           f->avx512vnni, f->avx512bf16, f->avxvnni);
+}
+
+int main(void) {
+    test_isa_levels();
+    test_quantise();
+    test_row_and_check();
+    fm_pool *pool = fm_pool_create(2);
+    static const int64_t shapes[][2] = {{1, 32}, {5, 64}, {37, 96}, {67, 256}, {13, 1056}};
+    for (int dt = 0; dt < FM_DTYPE_COUNT; dt++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            test_type((fm_dtype)dt, shapes[s][0], shapes[s][1], pool);
+    /* Float types also take any cols: tails shorter than a vector. */
+    for (int dt = FM_DTYPE_F32; dt <= FM_DTYPE_BF16; dt++) {
+        test_type((fm_dtype)dt, 9, 100, pool);
+        test_type((fm_dtype)dt, 6, 7, pool);
+    }
+    fm_pool_free(pool);
+    return fm_test_report("test_matmul");
+}
