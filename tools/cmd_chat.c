@@ -1,11 +1,142 @@
-/* Placeholder until this subcommand lands; it refuses clearly instead of pretending to work. */
+/* cmd_chat.c: `flashmap chat`: an interactive conversation that keeps its KV cache (and the drafter's
+ * context) across turns, so each turn prefills only the new user message.
+ *
+ * Turn text: the first turn is the Qwen3 template of [system?, user] with the assistant prompt; a later turn is
+ * "\n" (closing the previous assistant turn after its <|im_end|>) plus the template of [user] alone. The cache
+ * keeps the assistant's replies as generated (thinking included), as llama.cpp's chat does; the template
+ * itself would drop earlier thinking when re-rendering the whole history. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "cli_common.h"
+#include "flashmap.h"
+
+#define CMD "chat"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: flashmap chat -m TARGET.gguf [-d DRAFTER] [--system TEXT] [--no-think] [-n N] [-t N]\n"
+               "                     [--ctx N] [--no-spec] [--verify adaptive|K] [--no-fallback]\n"
+               "Reads one user message per line from stdin; an empty line or end of input ends the chat.\n");
+}
+
+static int print_tokens(void *user, const int32_t *ids, int n) {
+    for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        const char *t = fm_text_stream_push(user, ids[i], &len);
+        if (t) fwrite(t, 1, len, stdout);
+    }
+    fflush(stdout);
+    return 0;
+}
 
 int cmd_chat(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "flashmap: 'chat' is not implemented yet\n");
-    return 2;
+    const char *model = NULL, *drafter = NULL, *system = NULL;
+    long n_predict = 1024, threads = 0, n_ctx = 0, verify = 0;
+    int think = 1, spec = 1, fallback = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--no-think")) {
+            think = 0;
+        } else if (!strcmp(a, "--no-spec")) {
+            spec = 0;
+        } else if (!strcmp(a, "--no-fallback")) {
+            fallback = 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "-d") || !strcmp(a, "--system") || !strcmp(a, "-n") ||
+                   !strcmp(a, "-t") || !strcmp(a, "--ctx") || !strcmp(a, "--verify")) {
+            if (!(v = cli_value(CMD, argc, argv, &i))) return 2;
+            if (!strcmp(a, "-m")) model = v;
+            else if (!strcmp(a, "-d")) drafter = v;
+            else if (!strcmp(a, "--system")) system = v;
+            else if (!strcmp(a, "-n") && cli_parse_int(CMD, a, v, 1, 1 << 20, &n_predict)) return 2;
+            else if (!strcmp(a, "-t") && cli_parse_int(CMD, a, v, 1, 1024, &threads)) return 2;
+            else if (!strcmp(a, "--ctx") && cli_parse_int(CMD, a, v, 16, 1 << 20, &n_ctx)) return 2;
+            else if (!strcmp(a, "--verify") && strcmp(v, "adaptive") && cli_parse_int(CMD, a, v, 1, 32, &verify))
+                return 2;
+        } else {
+            fprintf(stderr, "flashmap %s: unknown option '%s' (see --help)\n", CMD, a);
+            return 2;
+        }
+    }
+    if (!model) {
+        fprintf(stderr, "flashmap %s: -m TARGET.gguf is required\n", CMD);
+        return 2;
+    }
+    char err[FM_ERRBUF_SIZE];
+    fm_engine_params ep;
+    fm_engine_params_init(&ep);
+    ep.model_path = model;
+    ep.drafter_path = spec ? drafter : NULL;
+    ep.n_threads = (int)threads;
+    ep.n_ctx = (int)n_ctx;
+    fm_engine *e = NULL;
+    fm_session *s = NULL;
+    if (fm_engine_load(&ep, &e, err, sizeof err) || fm_session_create(e, &s, err, sizeof err)) {
+        fprintf(stderr, "flashmap %s: %s\n", CMD, err);
+        fm_engine_free(e);
+        return 1;
+    }
+    fm_generate_params gp;
+    fm_generate_params_init(&gp);
+    gp.max_new_tokens = (int)n_predict;
+    gp.speculative = spec && drafter;
+    gp.verify = (int)verify;
+    gp.fallback = fallback;
+    gp.on_tokens = print_tokens;
+    const int tty = isatty(0);
+    char *line = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    for (int turn = 0;; turn++) {
+        if (tty) fprintf(stderr, "> ");
+        ssize_t got = getline(&line, &cap, stdin);
+        if (got <= 0) break;
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
+        if (got == 0) break;
+        fm_message msgs[2];
+        int k = 0;
+        if (turn == 0 && system) msgs[k++] = (fm_message){"system", system};
+        msgs[k++] = (fm_message){"user", line};
+        char *rendered = NULL;
+        if (fm_format_chat(msgs, k, think, &rendered, err, sizeof err)) goto fail;
+        size_t len = strlen(rendered) + 2;
+        char *text = malloc(len);
+        snprintf(text, len, "%s%s", turn ? "\n" : "", rendered);
+        free(rendered);
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        int bad = fm_tokenize(e, text, strlen(text), 1, &ids, &n_ids, err, sizeof err);
+        free(text);
+        if (bad) goto fail;
+        fm_text_stream *ts = fm_text_stream_create(e);
+        gp.user = ts;
+        fm_generate_stats st;
+        bad = fm_session_generate(s, ids, (int)n_ids, &gp, NULL, NULL, &st, err, sizeof err);
+        free(ids);
+        size_t tail_len = 0;
+        const char *tail = fm_text_stream_flush(ts, &tail_len);
+        if (tail) fwrite(tail, 1, tail_len, stdout);
+        fm_text_stream_free(ts);
+        printf("\n");
+        fflush(stdout);
+        if (bad) goto fail;
+        fm_engine_info info;
+        fm_engine_get_info(e, &info);
+        fprintf(stderr, "[%d new tok, %.2f tok/s, context %d/%d]\n", st.n_generated,
+                st.decode_s > 0 ? (st.n_generated - 1) / st.decode_s : 0.0, fm_session_pos(s), info.n_ctx);
+    }
+    goto done;
+fail:
+    fprintf(stderr, "flashmap %s: %s\n", CMD, err);
+    rc = 1;
+done:
+    free(line);
+    fm_session_free(s);
+    fm_engine_free(e);
+    return rc;
 }

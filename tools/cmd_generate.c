@@ -1,11 +1,375 @@
-/* Placeholder until this subcommand lands; it refuses clearly instead of pretending to work. */
+/* cmd_generate.c: `flashmap generate`: prompt in, the target's greedy continuation out (streamed), plain or
+ * speculative; --json prints one object instead (ids, text, stats, and with --trace every round). */
+#include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
+#include "cli_common.h"
+#include "flashmap.h"
+#include "io/model_cache.h"
+
+#define CMD "generate"
+
+typedef struct {
+    const char *model, *drafter, *prompt, *prompt_file, *prompt_ids, *system;
+    int n_predict, threads, n_ctx, chat, think, spec, verify, fallback, json, trace, ignore_eos;
+    double sim_mean;
+    long seed;
+    fm_device device;
+} gen_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: flashmap generate [-m TARGET.gguf] [-d DRAFTER] (-p TEXT | -f FILE | --prompt-ids 1,2,3)\n"
+            "                         [-n N] [-t THREADS] [--ctx N] [--chat [--system TEXT] [--no-think]]\n"
+            "                         [--no-spec] [--verify adaptive|K] [--no-fallback] [--device cpu|cuda]\n"
+            "                         [--json] [--trace] [--ignore-eos] [--simulate MEAN [--seed N]]\n\n"
+            "  -m PATH           target model (Qwen3 dense GGUF); default: the cached pinned Qwen3-4B (flashmap pull)\n"
+            "  -d PATH           FlashMap drafter (.safetensors or a folder with model.safetensors); enables\n"
+            "                    speculative decoding. Default with neither -m nor -d: the cached pinned drafter\n"
+            "  -p TEXT, -f FILE  prompt text (special tokens such as <|im_start|> are recognised)\n"
+            "  --prompt-ids L    prompt as comma-separated token ids\n"
+            "  -n N              new tokens at most (default 128)\n"
+            "  -t N              threads (default: all cores)\n"
+            "  --ctx N           KV cache size in tokens (default 4096)\n"
+            "  --chat            wrap the prompt in the Qwen3 chat template as the user message\n"
+            "  --system TEXT     system message (with --chat)\n"
+            "  --no-think        add the empty think block (Qwen3 enable_thinking=False)\n"
+            "  --no-spec         plain decoding even with a drafter\n"
+            "  --verify MODE     drafts verified per round: adaptive (7 or 16) or a fixed K\n"
+            "  --no-fallback     never fall back to plain steps when drafting loses\n"
+            "  --json            print one JSON object (prompt_ids, tokens, text, stats) instead of text\n"
+            "  --trace           with --json: every speculative round (pos, anchor, drafted, verified, accepted)\n"
+            "  --ignore-eos      do not stop at stop tokens\n"
+            "  --simulate MEAN   SIMULATED acceptance for benchmarks: decode plainly first, then replace the\n"
+            "                    drafts by the known continuation for k ~ Binomial(16, MEAN/16) tokens per round\n");
+}
+
+static int parse(int argc, char **argv, gen_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = 128;
+    o->think = 1;
+    o->spec = 1;
+    o->fallback = 1;
+    o->sim_mean = -1;
+    o->seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        long n;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            exit(0);
+        }
+#define VALUE() \
+    if (!(v = cli_value(CMD, argc, argv, &i))) return -1
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            VALUE();
+            o->model = v;
+        } else if (!strcmp(a, "-d") || !strcmp(a, "--drafter")) {
+            VALUE();
+            o->drafter = v;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            VALUE();
+            o->prompt = v;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            VALUE();
+            o->prompt_file = v;
+        } else if (!strcmp(a, "--prompt-ids")) {
+            VALUE();
+            o->prompt_ids = v;
+        } else if (!strcmp(a, "--system")) {
+            VALUE();
+            o->system = v;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            VALUE();
+            if (cli_parse_int(CMD, a, v, 1, 1 << 20, &n)) return -1;
+            o->n_predict = (int)n;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            VALUE();
+            if (cli_parse_int(CMD, a, v, 1, 1024, &n)) return -1;
+            o->threads = (int)n;
+        } else if (!strcmp(a, "--ctx")) {
+            VALUE();
+            if (cli_parse_int(CMD, a, v, 16, 1 << 20, &n)) return -1;
+            o->n_ctx = (int)n;
+        } else if (!strcmp(a, "--verify")) {
+            VALUE();
+            if (!strcmp(v, "adaptive")) {
+                o->verify = 0;
+            } else {
+                if (cli_parse_int(CMD, a, v, 1, 32, &n)) return -1;
+                o->verify = (int)n;
+            }
+        } else if (!strcmp(a, "--device")) {
+            VALUE();
+            if (!strcmp(v, "cpu")) o->device = FM_DEVICE_CPU;
+            else if (!strcmp(v, "cuda")) o->device = FM_DEVICE_CUDA;
+            else if (!strcmp(v, "auto")) o->device = FM_DEVICE_AUTO;
+            else {
+                fprintf(stderr, "flashmap %s: --device expects cpu, cuda or auto, got '%s'\n", CMD, v);
+                return -1;
+            }
+        } else if (!strcmp(a, "--simulate")) {
+            VALUE();
+            if (cli_parse_double(CMD, a, v, 0, 32, &o->sim_mean)) return -1;
+        } else if (!strcmp(a, "--seed")) {
+            VALUE();
+            if (cli_parse_int(CMD, a, v, 0, 1L << 40, &o->seed)) return -1;
+        } else if (!strcmp(a, "--chat")) {
+            o->chat = 1;
+        } else if (!strcmp(a, "--no-think")) {
+            o->think = 0;
+        } else if (!strcmp(a, "--no-spec")) {
+            o->spec = 0;
+        } else if (!strcmp(a, "--no-fallback")) {
+            o->fallback = 0;
+        } else if (!strcmp(a, "--json")) {
+            o->json = 1;
+        } else if (!strcmp(a, "--trace")) {
+            o->trace = 1;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            o->ignore_eos = 1;
+        } else {
+            fprintf(stderr, "flashmap %s: unknown option '%s' (see --help)\n", CMD, a);
+            return -1;
+        }
+#undef VALUE
+    }
+    int sources = !!o->prompt + !!o->prompt_file + !!o->prompt_ids;
+    if (sources != 1) {
+        fprintf(stderr, "flashmap %s: give exactly one of -p TEXT, -f FILE or --prompt-ids (see --help)\n", CMD);
+        return -1;
+    }
+    if (o->chat && o->prompt_ids) {
+        fprintf(stderr, "flashmap %s: --chat needs a text prompt (-p or -f), not --prompt-ids\n", CMD);
+        return -1;
+    }
+    if (o->trace && !o->json) {
+        fprintf(stderr, "flashmap %s: --trace goes with --json\n", CMD);
+        return -1;
+    }
+    return 0;
+}
+
+/* Builds the prompt ids from --prompt-ids, or the text (wrapped in the chat template with --chat). */
+static int prompt_ids(fm_engine *e, const gen_opts *o, int32_t **ids, int *n) {
+    if (o->prompt_ids) return cli_parse_id_list(CMD, "--prompt-ids", o->prompt_ids, ids, n);
+    char *text = NULL, err[FM_ERRBUF_SIZE];
+    size_t len = 0;
+    if (o->prompt_file) {
+        if (cli_read_file(CMD, o->prompt_file, &text, &len)) return -1;
+    } else {
+        text = strdup(o->prompt);
+        len = strlen(text);
+    }
+    if (o->chat) {
+        fm_message msgs[2];
+        int k = 0;
+        if (o->system) msgs[k++] = (fm_message){"system", o->system};
+        msgs[k++] = (fm_message){"user", text};
+        char *rendered = NULL;
+        if (fm_format_chat(msgs, k, o->think, &rendered, err, sizeof err)) {
+            fprintf(stderr, "flashmap %s: %s\n", CMD, err);
+            free(text);
+            return -1;
+        }
+        free(text);
+        text = rendered;
+        len = strlen(text);
+    }
+    size_t n_ids = 0;
+    int rc = fm_tokenize(e, text, len, 1, ids, &n_ids, err, sizeof err);
+    free(text);
+    if (rc) {
+        fprintf(stderr, "flashmap %s: %s\n", CMD, err);
+        return -1;
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "flashmap %s: the prompt is empty\n", CMD);
+        free(*ids);
+        return -1;
+    }
+    *n = (int)n_ids;
+    return 0;
+}
+
+/* Streams token text to stdout as it is produced (never half a UTF-8 character). */
+static int stream_tokens(void *user, const int32_t *ids, int n) {
+    fm_text_stream *ts = user;
+    for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        const char *t = fm_text_stream_push(ts, ids[i], &len);
+        if (t) fwrite(t, 1, len, stdout);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+static const char *stop_name(fm_stop_reason r) {
+    switch (r) {
+    case FM_STOP_LENGTH: return "length";
+    case FM_STOP_TOKEN: return "stop token";
+    case FM_STOP_CONTEXT: return "context full";
+    default: return "none";
+    }
+}
+
+static void print_stats(const fm_generate_stats *st, int spec) {
+    const double decode_tok = st->n_generated > 1 ? st->n_generated - 1 : 0;
+    fprintf(stderr, "prompt %d tok | prefill %.1f tok/s | decode %.2f tok/s | %d new tok", st->n_prompt,
+            st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0, st->decode_s > 0 ? decode_tok / st->decode_s : 0,
+            st->n_generated);
+    if (spec)
+        fprintf(stderr, " | rounds %d, mean accepted %.2f, plain steps %d | draft %.0f%% verify %.0f%%%s", st->rounds,
+                st->rounds ? (double)st->accepted / st->rounds : 0, st->plain_steps,
+                st->decode_s > 0 ? 100 * st->draft_s / (st->prefill_s + st->decode_s) : 0,
+                st->decode_s > 0 ? 100 * st->verify_s / (st->prefill_s + st->decode_s) : 0,
+                st->simulated ? " | SIMULATED acceptance" : "");
+    fprintf(stderr, " | stop: %s\n", stop_name(st->stop));
+}
+
+static cJSON *ids_json(const int32_t *ids, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
+}
+
+static void print_json(fm_engine *e, const int32_t *prompt, int n_prompt, const int32_t *toks, int n_toks,
+                       const fm_generate_stats *st, const fm_round_trace *tr, int n_tr, int spec) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "prompt_ids", ids_json(prompt, n_prompt));
+    cJSON_AddItemToObject(root, "tokens", ids_json(toks, n_toks));
+    char *text = NULL, err[FM_ERRBUF_SIZE];
+    size_t len = 0;
+    if (fm_detokenize(e, toks, (size_t)n_toks, &text, &len, err, sizeof err)) text = NULL; /* ids-only model */
+    cJSON_AddStringToObject(root, "text", text ? text : "");
+    free(text);
+    cJSON *s = cJSON_AddObjectToObject(root, "stats");
+    cJSON_AddNumberToObject(s, "prompt_tokens", st->n_prompt);
+    cJSON_AddNumberToObject(s, "new_tokens", st->n_generated);
+    cJSON_AddNumberToObject(s, "prefill_s", st->prefill_s);
+    cJSON_AddNumberToObject(s, "decode_s", st->decode_s);
+    cJSON_AddNumberToObject(s, "prefill_tok_s", st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0);
+    cJSON_AddNumberToObject(s, "decode_tok_s",
+                            st->decode_s > 0 && st->n_generated > 1 ? (st->n_generated - 1) / st->decode_s : 0);
+    cJSON_AddBoolToObject(s, "speculative", spec);
+    cJSON_AddNumberToObject(s, "rounds", st->rounds);
+    cJSON_AddNumberToObject(s, "accepted", st->accepted);
+    cJSON_AddNumberToObject(s, "mean_accepted", st->rounds ? (double)st->accepted / st->rounds : 0);
+    cJSON_AddNumberToObject(s, "plain_steps", st->plain_steps);
+    cJSON_AddNumberToObject(s, "draft_s", st->draft_s);
+    cJSON_AddNumberToObject(s, "verify_s", st->verify_s);
+    cJSON_AddBoolToObject(s, "simulated", st->simulated);
+    cJSON_AddStringToObject(s, "stop", stop_name(st->stop));
+    if (tr) {
+        cJSON *rounds = cJSON_AddArrayToObject(root, "rounds");
+        for (int i = 0; i < n_tr; i++) {
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddNumberToObject(r, "pos", tr[i].pos);
+            cJSON_AddNumberToObject(r, "anchor", tr[i].anchor);
+            cJSON_AddItemToObject(r, "drafted", ids_json(tr[i].drafted, tr[i].n_drafted));
+            cJSON_AddNumberToObject(r, "verified", tr[i].verified);
+            cJSON_AddNumberToObject(r, "accepted", tr[i].accepted);
+            cJSON_AddItemToArray(rounds, r);
+        }
+    }
+    char *out = cJSON_PrintUnformatted(root);
+    if (out) printf("%s\n", out);
+    free(out);
+    cJSON_Delete(root);
+}
 
 int cmd_generate(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "flashmap: 'generate' is not implemented yet\n");
-    return 2;
+    gen_opts o;
+    if (parse(argc, argv, &o)) return 2;
+    char err[FM_ERRBUF_SIZE], model_path[4096], drafter_path[4096];
+    if (!o.model) {
+        /* No -m: the cached pinned target, and its pinned drafter unless --no-spec or -d says otherwise. */
+        if (fm_cache_resolve_default(FM_CACHE_TARGET, model_path, sizeof model_path, err, sizeof err)) {
+            fprintf(stderr, "flashmap %s: no -m given and %s\n", CMD, err);
+            return 1;
+        }
+        o.model = model_path;
+        if (!o.drafter && o.spec &&
+            fm_cache_resolve_default(FM_CACHE_DRAFTER, drafter_path, sizeof drafter_path, err, sizeof err) == 0)
+            o.drafter = drafter_path;
+    }
+    fm_engine_params ep;
+    fm_engine_params_init(&ep);
+    ep.model_path = o.model;
+    ep.drafter_path = o.spec ? o.drafter : NULL;
+    ep.n_threads = o.threads;
+    ep.n_ctx = o.n_ctx;
+    ep.device = o.device;
+    fm_engine *e = NULL;
+    if (fm_engine_load(&ep, &e, err, sizeof err)) {
+        fprintf(stderr, "flashmap %s: %s\n", CMD, err);
+        return 1;
+    }
+    int32_t *prompt = NULL, *toks = NULL, *future = NULL;
+    int n_prompt = 0, n_toks = 0, n_future = 0, rc = 1, n_trace = 0;
+    fm_session *s = NULL;
+    fm_round_trace *trace = NULL;
+    fm_text_stream *ts = fm_text_stream_create(e);
+    fm_generate_stats st;
+    if (prompt_ids(e, &o, &prompt, &n_prompt)) goto done;
+    if (fm_session_create(e, &s, err, sizeof err)) goto fail;
+    fm_generate_params gp;
+    fm_generate_params_init(&gp);
+    gp.max_new_tokens = o.n_predict;
+    gp.speculative = o.spec && o.drafter;
+    gp.verify = o.verify;
+    gp.fallback = o.fallback;
+    gp.ignore_stop = o.ignore_eos;
+    if (o.sim_mean >= 0) {
+        if (!gp.speculative) {
+            fprintf(stderr, "flashmap %s: --simulate needs a drafter (-d)\n", CMD);
+            goto done;
+        }
+        /* The known continuation: a plain pass first, then the same prompt speculatively. */
+        fm_generate_params plain = gp;
+        plain.speculative = 0;
+        if (fm_session_generate(s, prompt, n_prompt, &plain, &future, &n_future, NULL, err, sizeof err)) goto fail;
+        fm_session_reset(s);
+        gp.sim_future = future;
+        gp.sim_future_len = n_future;
+        gp.sim_mean = o.sim_mean;
+        gp.sim_seed = (uint64_t)o.seed;
+        gp.fallback = 0; /* simulated rounds measure drafting itself */
+    }
+    if (o.trace) {
+        gp.trace_cap = o.n_predict + 1;
+        trace = calloc((size_t)gp.trace_cap, sizeof *trace);
+        gp.trace = trace;
+        gp.n_trace = &n_trace;
+    }
+    if (!o.json) {
+        gp.on_tokens = stream_tokens;
+        gp.user = ts;
+    }
+    if (fm_session_generate(s, prompt, n_prompt, &gp, &toks, &n_toks, &st, err, sizeof err)) goto fail;
+    if (o.json) {
+        print_json(e, prompt, n_prompt, toks, n_toks, &st, trace, n_trace, gp.speculative);
+    } else {
+        size_t len = 0;
+        const char *tail = ts ? fm_text_stream_flush(ts, &len) : NULL;
+        if (tail) fwrite(tail, 1, len, stdout);
+        printf("\n");
+    }
+    print_stats(&st, gp.speculative);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "flashmap %s: %s\n", CMD, err);
+done:
+    free(prompt);
+    free(toks);
+    free(future);
+    free(trace);
+    fm_text_stream_free(ts);
+    fm_session_free(s);
+    fm_engine_free(e);
+    return rc;
 }

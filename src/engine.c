@@ -1,0 +1,194 @@
+/* engine.c: implements flashmap.h: loads the target (and drafter), owns the worker threads, and runs sessions
+ * through the decoding loop (decode/speculative.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "cpu/cpu_features.h"
+#include "drafter/flashmap_drafter.h"
+#include "engine_internal.h"
+
+enum { DEFAULT_CTX = 4096, DEFAULT_PREFILL_CHUNK = 256 };
+
+void fm_engine_params_init(fm_engine_params *p) {
+    memset(p, 0, sizeof *p);
+    p->device = FM_DEVICE_AUTO;
+}
+
+void fm_generate_params_init(fm_generate_params *p) {
+    memset(p, 0, sizeof *p);
+    p->max_new_tokens = 256;
+    p->fallback = 1;
+}
+
+int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!p->model_path) return fm_set_error(err, errlen, "no target model given (-m MODEL.gguf)");
+    if (p->device == FM_DEVICE_CUDA)
+        return fm_set_error(err, errlen, "--device cuda: this build has no CUDA backend for the engine yet");
+    fm_engine *e = calloc(1, sizeof *e);
+    if (!e) return fm_set_error(err, errlen, "out of memory");
+    if (qwen3_model_load(p->model_path, &e->model, err, errlen)) goto fail;
+    const qwen3_hparams *hp = &e->model->hp;
+    e->n_ctx = p->n_ctx > 0 ? p->n_ctx : DEFAULT_CTX;
+    if (e->n_ctx > hp->ctx_train) e->n_ctx = hp->ctx_train;
+    e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : DEFAULT_PREFILL_CHUNK;
+    e->pool = fm_pool_create(p->n_threads);
+    if (!e->pool) {
+        fm_set_error(err, errlen, "cannot start worker threads");
+        goto fail;
+    }
+    if (p->drafter_path) {
+        fm_drafter_overrides ov;
+        memset(&ov, 0, sizeof ov);
+        ov.block = p->drafter_block;
+        if (p->drafter_n_target_layers > FM_DRAFTER_MAX_CAPTURE) {
+            fm_set_error(err, errlen, "%d target layers given; at most %d are supported",
+                         p->drafter_n_target_layers, FM_DRAFTER_MAX_CAPTURE);
+            goto fail;
+        }
+        ov.n_target_layers = p->drafter_n_target_layers;
+        for (int i = 0; i < ov.n_target_layers; i++) ov.target_layers[i] = p->drafter_target_layers[i];
+        /* The drafter's context covers the cache plus one block of slots. */
+        if (fm_drafter_load(p->drafter_path, e->model, &ov, e->n_ctx + FM_MAX_BLOCK + 1, &e->drafter, err, errlen))
+            goto fail;
+        int n = 0;
+        const int *layers = fm_drafter_target_layers(e->drafter, &n);
+        if (n > (int)(sizeof e->capture / sizeof e->capture[0])) {
+            fm_set_error(err, errlen, "the drafter reads %d target layers; at most 16 are supported", n);
+            goto fail;
+        }
+        memcpy(e->capture, layers, (size_t)n * sizeof *layers);
+        e->n_capture = n;
+        if (fm_drafter_block(e->drafter) > FM_MAX_BLOCK) {
+            fm_set_error(err, errlen, "drafter block %d exceeds the supported %d", fm_drafter_block(e->drafter),
+                         FM_MAX_BLOCK);
+            goto fail;
+        }
+    }
+    fm_engine_load_tokenizer(e);
+    *out = e;
+    return 0;
+fail:
+    fm_engine_free(e);
+    return -1;
+}
+
+void fm_engine_free(fm_engine *e) {
+    if (!e) return;
+    fm_engine_free_tokenizer(e);
+    fm_drafter_free(e->drafter);
+    fm_pool_free(e->pool);
+    qwen3_model_free(e->model);
+    free(e);
+}
+
+void fm_engine_get_info(const fm_engine *e, fm_engine_info *info) {
+    const qwen3_hparams *hp = &e->model->hp;
+    memset(info, 0, sizeof *info);
+    info->n_layers = hp->n_layers;
+    info->dim = hp->dim;
+    info->n_heads = hp->n_heads;
+    info->n_kv_heads = hp->n_kv_heads;
+    info->head_dim = hp->head_dim;
+    info->ffn = hp->ffn;
+    info->vocab = hp->vocab;
+    info->n_ctx = e->n_ctx;
+    info->n_threads = fm_pool_size(e->pool);
+    info->weight_type = fm_dtype_name(e->model->tok_embd.dtype);
+    info->weight_bytes = qwen3_model_weight_bytes(e->model);
+    info->has_drafter = e->drafter != NULL;
+    if (e->drafter) {
+        info->drafter_block = fm_drafter_block(e->drafter);
+        info->drafter_n_capture = e->n_capture;
+        info->drafter_layers = fm_drafter_hp(e->drafter)->n_layers;
+        info->drafter_dim = fm_drafter_hp(e->drafter)->dim;
+    }
+    info->device = "cpu";
+    info->isa = fm_isa_name(fm_cpu_isa());
+}
+
+int fm_session_create(fm_engine *e, fm_session **out, char *err, size_t errlen) {
+    *out = NULL;
+    fm_session *s = calloc(1, sizeof *s);
+    if (!s) return fm_set_error(err, errlen, "out of memory");
+    qwen3_state_params sp = {
+        .n_ctx = e->n_ctx,
+        .max_batch = e->prefill_chunk > FM_MAX_BLOCK + 1 ? e->prefill_chunk : FM_MAX_BLOCK + 1,
+        .capture_layers = e->capture,
+        .n_capture = e->n_capture,
+    };
+    if (qwen3_state_create(e->model, &sp, &s->state, err, errlen)) {
+        free(s);
+        return -1;
+    }
+    s->e = e;
+    s->dec.model = e->model;
+    s->dec.state = s->state;
+    s->dec.drafter = e->drafter;
+    s->dec.pool = e->pool;
+    s->dec.prefill_chunk = e->prefill_chunk;
+    fm_session_reset(s);
+    *out = s;
+    return 0;
+}
+
+void fm_session_free(fm_session *s) {
+    if (!s) return;
+    qwen3_state_free(s->state);
+    free(s->dec.pending);
+    free(s);
+}
+
+void fm_session_reset(fm_session *s) {
+    qwen3_state_rewind(s->state, 0);
+    if (s->e->drafter) fm_drafter_reset(s->e->drafter);
+    s->dec.pending_rows = 0;
+    s->dec.drafter_len = 0;
+    /* The loop's running averages start where the spec starts them; timings are unknown (NaN) until measured. */
+    s->dec.ema_accept = 4;
+    s->dec.ema_tokens = 5;
+    s->dec.round_ms = s->dec.step_ms = s->dec.verify_ms = 0.0 / 0.0;
+    s->dec.n_rounds_total = 0;
+    s->has_next = 0;
+}
+
+int fm_session_pos(const fm_session *s) { return qwen3_state_pos(s->state) + s->has_next; }
+
+static int is_stop_token(const void *ctx, int32_t id) { return fm_token_is_stop((const fm_engine *)ctx, id); }
+
+int fm_session_generate(fm_session *s, const int32_t *ids, int n_ids, const fm_generate_params *p, int32_t **out,
+                        int *n_out, fm_generate_stats *stats, char *err, size_t errlen) {
+    fm_generate_stats local;
+    if (!stats) stats = &local;
+    if (n_ids < 0 || (n_ids > 0 && !ids)) return fm_set_error(err, errlen, "bad input ids");
+    /* The previous call's last token was produced but never fed: it goes first. */
+    int32_t *all = malloc((size_t)(n_ids + 1) * sizeof *all);
+    if (!all) return fm_set_error(err, errlen, "out of memory");
+    int n = 0;
+    if (s->has_next) all[n++] = s->next;
+    if (n_ids) memcpy(all + n, ids, (size_t)n_ids * sizeof *ids);
+    n += n_ids;
+    for (int i = 0; i < n; i++)
+        if (all[i] < 0 || all[i] >= s->e->model->hp.vocab) {
+            int bad = all[i];
+            free(all);
+            return fm_set_error(err, errlen, "prompt token id %d is out of range (vocabulary %d)", bad,
+                                s->e->model->hp.vocab);
+        }
+    int32_t *gen = NULL;
+    int n_gen = 0;
+    int rc = fm_decode_run(&s->dec, all, n, p, is_stop_token, s->e, &gen, &n_gen, stats, err, errlen);
+    free(all);
+    if (rc) return rc;
+    if (n_gen > 0) {
+        s->has_next = 1;
+        s->next = gen[n_gen - 1];
+    }
+    if (out)
+        *out = gen;
+    else
+        free(gen);
+    if (n_out) *n_out = n_gen;
+    return 0;
+}

@@ -1,0 +1,35 @@
+/* engine_internal.h: what fm_engine and fm_session hold (private to src/). */
+#ifndef FM_ENGINE_INTERNAL_H
+#define FM_ENGINE_INTERNAL_H
+
+#include "flashmap.h"
+#include "core/threadpool.h"
+#include "decode/speculative.h"
+#include "drafter/flashmap_drafter.h"
+#include "model/qwen3.h"
+
+typedef struct fm_tokenizer fm_tokenizer;
+
+struct fm_engine {
+    qwen3_model *model;
+    fm_tokenizer *tok; /* NULL when the GGUF carries no usable tokenizer (ids-only use) */
+    char tok_error[256];
+    fm_drafter *drafter;
+    fm_pool *pool;
+    int n_ctx, prefill_chunk;
+    int capture[FM_DRAFTER_MAX_CAPTURE], n_capture;
+};
+
+struct fm_session {
+    fm_engine *e;
+    qwen3_state *state;
+    fm_decoder dec;
+    int has_next; /* the last generated token is not in the cache yet */
+    int32_t next;
+};
+
+/* engine_text.c: loads the tokenizer of the engine's GGUF (a missing one is remembered, not fatal). */
+void fm_engine_load_tokenizer(fm_engine *e);
+void fm_engine_free_tokenizer(fm_engine *e);
+
+#endif
