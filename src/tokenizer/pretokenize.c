@@ -1,0 +1,106 @@
+/* pretokenize.c: see pretokenize.h. */
+#include "tokenizer/pretokenize.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+#include "core/error.h"
+
+/* tokenizer.json's Qwen2 pattern, \s widened to Oniguruma's White_Space (see pretokenize.h). */
+static const char qwen2_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+                                    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
+                                    "|\\p{N}"
+                                    "| ?[^\\s\\x{85}\\p{L}\\p{N}]+[\\r\\n]*"
+                                    "|[\\s\\x{85}]*[\\r\\n]+"
+                                    "|[\\s\\x{85}]+(?![^\\s\\x{85}])"
+                                    "|[\\s\\x{85}]+";
+
+struct fm_pretok {
+    pcre2_code *code;
+    int jit; /* 1 when JIT compilation succeeded */
+};
+
+fm_pretok *fm_pretok_create(char *err, size_t errlen) {
+    fm_pretok *p = calloc(1, sizeof *p);
+    if (!p) {
+        fm_set_error(err, errlen, "pre-tokenizer: out of memory");
+        return NULL;
+    }
+    int ec;
+    PCRE2_SIZE eo;
+    p->code = pcre2_compile((PCRE2_SPTR)qwen2_pattern, PCRE2_ZERO_TERMINATED,
+                            PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &ec, &eo, NULL);
+    if (!p->code) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(ec, msg, sizeof msg);
+        fm_set_error(err, errlen, "pre-tokenizer: PCRE2 cannot compile the Qwen2 pattern at %zu: %s",
+                     (size_t)eo, (const char *)msg);
+        free(p);
+        return NULL;
+    }
+    p->jit = pcre2_jit_compile(p->code, PCRE2_JIT_COMPLETE) == 0;
+    return p;
+}
+
+void fm_pretok_free(fm_pretok *p) {
+    if (!p) return;
+    pcre2_code_free(p->code);
+    free(p);
+}
+
+int fm_pretok_split(const fm_pretok *p, const char *s, size_t n, fm_pretok_piece_fn fn, void *ctx, char *err,
+                    size_t errlen) {
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(p->code, NULL);
+    pcre2_match_context *mc = pcre2_match_context_create(NULL);
+    /* A JIT stack larger than the 32 KiB default: long runs of whitespace backtrack deeply. */
+    pcre2_jit_stack *js = p->jit ? pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL) : NULL;
+    int rc = 0;
+    if (!md || !mc || (p->jit && !js)) {
+        rc = fm_set_error(err, errlen, "pre-tokenizer: out of memory");
+        goto done;
+    }
+    if (js) pcre2_jit_stack_assign(mc, NULL, js);
+    size_t pos = 0, last = 0;
+    while (pos < n) {
+        int m = p->jit ? pcre2_jit_match(p->code, (PCRE2_SPTR)s, n, pos, 0, md, mc)
+                       : pcre2_match(p->code, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, mc);
+        if (m == PCRE2_ERROR_NOMATCH) break;
+        if (m < 0) {
+            PCRE2_UCHAR msg[160];
+            pcre2_get_error_message(m, msg, sizeof msg);
+            rc = fm_set_error(err, errlen, "pre-tokenizer: PCRE2 match failed at byte %zu: %s", pos,
+                              (const char *)msg);
+            goto done;
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t ms = ov[0], me = ov[1];
+        if (ms > last && (rc = fn(ctx, s, last, ms)) != 0) goto done;
+        if (me > ms && (rc = fn(ctx, s, ms, me)) != 0) goto done;
+        last = me;
+        if (me > pos) {
+            pos = me;
+        } else { /* an empty match (the pattern has none, but be safe): step one character */
+            pos++;
+            while (pos < n && ((unsigned char)s[pos] & 0xC0) == 0x80) pos++;
+        }
+    }
+    if (last < n) rc = fn(ctx, s, last, n);
+done:
+    pcre2_jit_stack_free(js);
+    pcre2_match_context_free(mc);
+    pcre2_match_data_free(md);
+    return rc;
+}
+
+int fm_nfc(const char *s, size_t n, char **out, size_t *out_len, char *err, size_t errlen) {
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
+                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    if (r < 0) return fm_set_error(err, errlen, "NFC normalisation failed: %s", utf8proc_errmsg(r));
+    *out = (char *)dst;
+    *out_len = (size_t)r;
+    return 0;
+}
