@@ -22,14 +22,15 @@ static void on_sigint(int sig) {
 
 /* Progress display state for the file being pulled. */
 typedef struct pull_ui {
-    int tty;          /* stderr is a terminal: redraw one line */
-    const char *name; /* file name shown */
-    double t0;        /* when the current phase started */
-    double t_last;    /* last redraw */
-    int64_t have0;    /* bytes present when the phase started (resume offset) */
-    int64_t have;     /* bytes now */
-    int last_decile;  /* last 10% step printed (non-tty) */
-    int drawn;        /* a bar is on the current line */
+    int tty;            /* stderr is a terminal: redraw one line */
+    const char *name;   /* file name shown */
+    double t0;          /* when the current phase started */
+    double t_last;      /* last redraw */
+    int64_t have0;      /* bytes present when the phase started (resume offset) */
+    int64_t have;       /* bytes now */
+    int last_decile;    /* last 10% step printed (non-tty) */
+    int drawn;          /* a bar is on the current line */
+    int64_t drawn_have; /* bytes shown by the last redraw */
 } pull_ui;
 
 static double now_s(void) {
@@ -84,6 +85,7 @@ static void ui_progress(void *ctx, int64_t have, int64_t total) {
         return;
     }
     if (!done && t - ui->t_last < 0.1) return; /* redraw at most 10 times a second */
+    if (done && ui->drawn && ui->drawn_have == have) return;
     ui->t_last = t;
     double rate = t > ui->t0 ? (double)(have - ui->have0) / (t - ui->t0) : 0;
     char h[32], tt[32], r[32], eta[32] = "";
@@ -105,6 +107,7 @@ static void ui_progress(void *ctx, int64_t have, int64_t total) {
         fprintf(stderr, "\r%s %s %s/s\033[K", ui->name, h, r);
     }
     ui->drawn = 1;
+    ui->drawn_have = have;
 }
 
 static void usage(FILE *f) {
