@@ -356,6 +356,8 @@ static int pull_locked(const fm_cache_source *src, const fm_pull_opts *o, const 
     snprintf(res->commit, sizeof res->commit, "%s", fr.repo_commit);
     if (rc != 0) {
         res->interrupted = fr.interrupted;
+        if (stat(partial, &sb) == 0 && sb.st_size == 0)
+            unlink(partial); /* nothing to resume (404, 5xx, pins) */
         return -1;
     }
     if (stat(partial, &sb) != 0)
