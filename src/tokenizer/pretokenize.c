@@ -9,14 +9,19 @@
 
 #include "core/error.h"
 
-/* tokenizer.json's Qwen2 pattern, \s widened to Oniguruma's White_Space (see pretokenize.h). */
+/* tokenizer.json's Qwen2 pattern with \s spelled out as Oniguruma's (Unicode White_Space, see pretokenize.h).
+ */
+#define WS                                                                                                   \
+    "\\t\\n\\x{0b}\\f\\r "                                                                                   \
+    "\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
 static const char qwen2_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
                                     "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
                                     "|\\p{N}"
-                                    "| ?[^\\s\\x{85}\\p{L}\\p{N}]+[\\r\\n]*"
-                                    "|[\\s\\x{85}]*[\\r\\n]+"
-                                    "|[\\s\\x{85}]+(?![^\\s\\x{85}])"
-                                    "|[\\s\\x{85}]+";
+                                    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"
+                                    "|[" WS "]*[\\r\\n]+"
+                                    "|[" WS "]+(?![^" WS "])"
+                                    "|[" WS "]+";
+#undef WS
 
 struct fm_pretok {
     pcre2_code *code;

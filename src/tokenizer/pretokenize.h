@@ -3,9 +3,10 @@
  * is any text between matches (the pattern matches every character, so in practice there is none).
  *
  * The regex is tokenizer.json's, with one change: Hugging Face runs it with Oniguruma, whose Unicode \s is
- * the White_Space property, while PCRE2's \s under UCP is the Z category plus \t\n\v\f\r; the two differ only
- * in U+0085, so \s is spelled [\s\x{85}] here. A compiled pattern is shared by all threads; the match data of
- * a call is private to it. */
+ * the White_Space property, while PCRE2's \s under UCP is the Z category plus \t\n\v\f\r and its \h list;
+ * they differ in U+0085 (White_Space, not Z) and U+180E (in PCRE2's \h, no longer White_Space). So \s is
+ * spelled out as the 25 White_Space code points. A compiled pattern is shared by all threads; the match data
+ * of a call is private to it. */
 #ifndef FM_TOKENIZER_PRETOKENIZE_H
 #define FM_TOKENIZER_PRETOKENIZE_H
 
