@@ -27,6 +27,7 @@ import unicodedata
 from tokenizers import Tokenizer
 
 SEED = 20240607
+SPECIAL_FLAGGED = set()  # the added tokens tokenizer.json itself marks special
 
 
 def english(rng):
@@ -314,6 +315,7 @@ def main():
     tok = Tokenizer.from_file(tj)
     # llama.cpp's no-special rule: control = HF special or "<|...|>"-looking.
     data = json.load(open(tj, encoding="utf-8"))
+    SPECIAL_FLAGGED.update(t["content"] for t in data["added_tokens"] if t["special"])
     for t in data["added_tokens"]:
         c = t["content"]
         if c.startswith("<|") and c.endswith("|>"):
@@ -324,6 +326,7 @@ def main():
 
     os.makedirs(a.out, exist_ok=True)
     n = 0
+    used_ids = set()
     with open(os.path.join(a.out, "corpus.jsonl"), "w", encoding="utf-8") as f:
         for cat, s in build_corpus():
             rec = {"c": cat}
@@ -340,14 +343,63 @@ def main():
                 rec["b"] = raw.hex()
             ids = tok.encode(text, add_special_tokens=False).ids
             rec["ids"] = ids
+            used_ids.update(ids)
             if any(t in text for t in added):
                 rec["ns"] = tok_ns.encode(text, add_special_tokens=False).ids
+                used_ids.update(rec["ns"])
             if valid and tok.decode(ids, skip_special_tokens=False) == text:
                 rec["rt"] = 1
             f.write(json.dumps(rec, ensure_ascii=True, separators=(",", ":")) + "\n")
             n += 1
     print(f"corpus.jsonl: {n} strings")
+    write_subset(a, data, used_ids)
     write_chat(a)
+
+
+def write_subset(a, data, used_ids):
+    """tokenizer_subset.json: tokenizer.json cut down to the merges that produce the corpus's tokens, so CI needs
+    no 11 MB download. Every non-byte token of Qwen's vocabulary is made by exactly one merge, so the merges
+    applied while encoding the corpus are the closure of the final tokens under "made by". Any merge outside
+    that set is never the lowest-ranked applicable pair on these inputs, so dropping it changes no result (the
+    check below re-encodes the corpus with the subset to be sure). Ids stay the same; the gaps become [PAD]."""
+    model = data["model"]
+    vocab = model["vocab"]
+    inv = {v: k for k, v in vocab.items()}
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in model["merges"]]
+    made_by = {l + r: (l, r) for (l, r) in merges}
+    keep_tok, keep_merge = set(), set()
+    stack = [inv[i] for i in used_ids if i in inv]
+    while stack:
+        t = stack.pop()
+        if t in keep_tok:
+            continue
+        keep_tok.add(t)
+        if t in made_by:
+            keep_merge.add(made_by[t])
+            stack.extend(made_by[t])
+    from tokenizers.pre_tokenizers import ByteLevel
+    for t in ByteLevel.alphabet():
+        keep_tok.add(t)
+    sub = dict(data)
+    sub["model"] = dict(model)
+    sub["model"]["vocab"] = {k: v for k, v in vocab.items() if k in keep_tok}
+    sub["model"]["merges"] = [list(m) for m in merges if m in keep_merge]
+    for t in sub["added_tokens"]:  # undo the no-special flagging done for tok_ns
+        t["special"] = t["content"] in SPECIAL_FLAGGED
+    path = os.path.join(a.out, "tokenizer_subset.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(sub, f, ensure_ascii=False, separators=(",", ":"))
+    import shutil
+    shutil.copy(os.path.join(a.tokenizer_dir, "tokenizer_config.json"), os.path.join(a.out, "tokenizer_config.json"))
+    st = Tokenizer.from_file(path)
+    full = Tokenizer.from_file(os.path.join(a.tokenizer_dir, "tokenizer.json"))
+    for line in open(os.path.join(a.out, "corpus.jsonl"), encoding="utf-8"):
+        rec = json.loads(line)
+        text = rec["t"] if "t" in rec else bytes.fromhex(rec["b"]).decode("utf-8", "replace")
+        # Compared as token strings: HF renumbers added tokens of a vocabulary with gaps (our loader does not).
+        assert st.encode(text, add_special_tokens=False).tokens == full.encode(text, add_special_tokens=False).tokens
+    print(f"tokenizer_subset.json: {len(sub['model']['vocab'])} tokens, {len(sub['model']['merges'])} merges, "
+          "corpus tokens identical to the full tokenizer's")
 
 
 CHATS = [
