@@ -127,7 +127,9 @@ typedef struct {
     int speculative;      /* use the drafter (needs one) */
     int verify;           /* drafts per verify block: 0 adaptive (7 or all), else 1 .. block */
     int fallback;         /* fall back to plain steps while drafting loses (timing based) */
-    int ignore_stop;      /* do not stop at stop tokens (benchmarks) */
+    int ignore_stop;      /* do not stop at the model's stop tokens (benchmarks) */
+    const int32_t *stop_ids; /* extra token ids that end generation (also with ignore_stop) */
+    int n_stop_ids;
     fm_token_callback on_tokens;
     void *user;
     /* Tracing: when trace != NULL, up to trace_cap rounds are recorded and *n_trace set. */

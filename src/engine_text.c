@@ -36,10 +36,38 @@ const char *fm_token_bytes(const fm_engine *e, int32_t id, size_t *len) {
 
 int fm_token_is_stop(const fm_engine *e, int32_t id) { return e->tok ? fm_tokenizer_is_stop(e->tok, id) : 0; }
 
+/* Through the streaming decoder, so the text is valid UTF-8 (invalid bytes become U+FFFD, as HF decodes). */
 int fm_detokenize(const fm_engine *e, const int32_t *ids, size_t n, char **out, size_t *len, char *err,
                   size_t errlen) {
     if (need_tokenizer(e, err, errlen)) return -1;
-    return fm_tokenizer_decode(e->tok, ids, n, out, len, err, errlen);
+    fm_detok d;
+    fm_detok_init(&d);
+    size_t cap = 64, used = 0;
+    char *text = malloc(cap);
+    for (size_t i = 0; text && i <= n; i++) {
+        size_t piece_len = 0;
+        const char *piece = i < n ? fm_detok_push(&d, e->tok, ids[i], &piece_len) : fm_detok_flush(&d, &piece_len);
+        if (!piece) {
+            free(text);
+            fm_detok_free(&d);
+            return fm_set_error(err, errlen, "token id %d is out of range", i < n ? (int)ids[i] : -1);
+        }
+        if (used + piece_len + 1 > cap) {
+            while (used + piece_len + 1 > cap) cap *= 2;
+            char *grown = realloc(text, cap);
+            if (!grown) free(text);
+            text = grown;
+            if (!text) break;
+        }
+        memcpy(text + used, piece, piece_len);
+        used += piece_len;
+    }
+    fm_detok_free(&d);
+    if (!text) return fm_set_error(err, errlen, "out of memory");
+    text[used] = 0;
+    *out = text;
+    if (len) *len = used;
+    return 0;
 }
 
 int fm_format_chat(const fm_message *msgs, int n, int enable_thinking, char **out, char *err, size_t errlen) {

@@ -127,6 +127,13 @@ static void simulate_drafts(const fm_generate_params *p, uint64_t *rng, int bloc
     }
 }
 
+/* A stop: the model's own stop tokens (unless ignored) or one of the caller's extra ids. */
+static int stops_at(const fm_generate_params *p, int (*is_stop)(const void *, int32_t), const void *ctx, int32_t id) {
+    for (int i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] == id) return 1;
+    return !p->ignore_stop && is_stop(ctx, id);
+}
+
 int fm_decode_run(fm_decoder *d, const int32_t *ids, int n_ids, const fm_generate_params *p,
                   int (*is_stop)(const void *ctx, int32_t id), const void *stop_ctx, int32_t **out, int *n_out,
                   fm_generate_stats *st, char *err, size_t errlen) {
@@ -155,7 +162,7 @@ int fm_decode_run(fm_decoder *d, const int32_t *ids, int n_ids, const fm_generat
     const double t_decode = now_s();
     if (out_push(&o, &next, 1)) goto oom;
     if (p->on_tokens && p->on_tokens(p->user, &next, 1)) goto finish;
-    if (!p->ignore_stop && is_stop(stop_ctx, next)) {
+    if (stops_at(p, is_stop, stop_ctx, next)) {
         o.stop = FM_STOP_TOKEN;
         goto finish;
     }
@@ -185,7 +192,7 @@ int fm_decode_run(fm_decoder *d, const int32_t *ids, int n_ids, const fm_generat
             if (plain_left > 0) plain_left--;
             if (out_push(&o, &next, 1)) goto oom;
             if (p->on_tokens && p->on_tokens(p->user, &next, 1)) break;
-            if (!p->ignore_stop && is_stop(stop_ctx, next)) {
+            if (stops_at(p, is_stop, stop_ctx, next)) {
                 o.stop = FM_STOP_TOKEN;
                 break;
             }
@@ -212,7 +219,7 @@ int fm_decode_run(fm_decoder *d, const int32_t *ids, int n_ids, const fm_generat
         int n_fresh = 0, hit_stop = 0;
         for (int i = 0; i <= acc; i++) {
             fresh[n_fresh++] = i < acc ? drafts[i] : rows[acc];
-            if (!p->ignore_stop && is_stop(stop_ctx, fresh[n_fresh - 1])) {
+            if (stops_at(p, is_stop, stop_ctx, fresh[n_fresh - 1])) {
                 hit_stop = 1;
                 break;
             }

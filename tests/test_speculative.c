@@ -1,0 +1,183 @@
+/* test_speculative.c: losslessness. Speculative output must equal plain greedy output token for token, for
+ * random tiny models (several weight types, tied and untied), random prompts, every verify mode, fallback on
+ * and off, extra stop tokens, token limits from 1 to 200 and small context limits; and under simulated
+ * acceptance, where rounds accept anything from 0 to all 16 drafts. Models come from `flashmap synth`. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashmap.h"
+#include "test_util.h"
+
+typedef struct {
+    const char *type, *tie;
+    int kv_heads, seed;
+} model_spec;
+
+static const model_spec MODELS[] = {
+    {"f32", "--tied", 2, 11},
+    {"q8_0", "--tied", 1, 12},
+    {"bf16", "--untied", 4, 13},
+    {"f16", "--untied", 2, 14},
+};
+enum { N_MODELS = sizeof MODELS / sizeof MODELS[0], N_CASES_PER_MODEL = 60 };
+
+static uint64_t rng_state = 0x1234567;
+static uint32_t rnd(uint32_t n) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33) % n;
+}
+
+static int run(const char *cmd) {
+    int rc = system(cmd);
+    if (rc != 0) fprintf(stderr, "command failed (%d): %s\n", rc, cmd);
+    return rc;
+}
+
+/* Writes a tiny target + drafter pair; returns 0 on success. */
+static int synth_pair(const model_spec *m, char *target, char *drafter, size_t len) {
+    const char *cli = getenv("FM_CLI");
+    if (!cli) {
+        fprintf(stderr, "FM_CLI is not set (run through ctest)\n");
+        return -1;
+    }
+    snprintf(target, len, "%s/spec_target_%s_%d.gguf", fm_test_tmpdir(), m->type, m->seed);
+    snprintf(drafter, len, "%s/spec_drafter_%s_%d", fm_test_tmpdir(), m->type, m->seed);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "'%s' synth target -o '%s' --layers 3 --dim 64 --heads 4 --kv-heads %d --head-dim 16 --ffn 128 "
+             "--type %s %s --seed %d >/dev/null 2>&1",
+             cli, target, m->kv_heads, m->type, m->tie, m->seed);
+    if (run(cmd)) return -1;
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s' && '%s' synth drafter -m '%s' -o '%s/model.safetensors' --dim 64 --layers 2 "
+             "--heads 4 --head-dim 16 --ffn 128 --captures 2 --seed %d >/dev/null 2>&1",
+             drafter, cli, target, drafter, m->seed);
+    return run(cmd);
+}
+
+typedef struct {
+    int32_t *ids;
+    int n;
+    fm_stop_reason stop;
+} result;
+
+static int generate(fm_engine *e, const int32_t *prompt, int n_prompt, const fm_generate_params *p, result *r,
+                    fm_generate_stats *st) {
+    char err[FM_ERRBUF_SIZE];
+    fm_session *s = NULL;
+    if (fm_session_create(e, &s, err, sizeof err)) {
+        fprintf(stderr, "session: %s\n", err);
+        return -1;
+    }
+    fm_generate_stats local;
+    if (!st) st = &local;
+    int rc = fm_session_generate(s, prompt, n_prompt, p, &r->ids, &r->n, st, err, sizeof err);
+    if (rc) fprintf(stderr, "generate: %s\n", err);
+    r->stop = st->stop;
+    fm_session_free(s);
+    return rc;
+}
+
+static int same(const result *a, const result *b) {
+    return a->n == b->n && a->stop == b->stop && !memcmp(a->ids, b->ids, (size_t)a->n * sizeof *a->ids);
+}
+
+int main(void) {
+    char target[1024], drafter[1024], err[FM_ERRBUF_SIZE];
+    int accepted_hist[FM_MAX_BLOCK + 1] = {0}, cases = 0;
+    for (int mi = 0; mi < N_MODELS; mi++) {
+        if (synth_pair(&MODELS[mi], target, drafter, sizeof target)) {
+            CHECK_MSG(0, "synthesizing the %s pair failed", MODELS[mi].type);
+            continue;
+        }
+        for (int ctx_variant = 0; ctx_variant < 2; ctx_variant++) {
+            fm_engine_params ep;
+            fm_engine_params_init(&ep);
+            ep.model_path = target;
+            ep.drafter_path = drafter;
+            ep.n_threads = 2;
+            ep.n_ctx = ctx_variant ? 48 : 512; /* 48: rounds meet the cache's end */
+            ep.prefill_chunk = ctx_variant ? 5 : 64;
+            fm_engine *e = NULL;
+            if (fm_engine_load(&ep, &e, err, sizeof err)) {
+                CHECK_MSG(0, "load %s: %s", target, err);
+                continue;
+            }
+            fm_engine_info info;
+            fm_engine_get_info(e, &info);
+            for (int c = 0; c < N_CASES_PER_MODEL / 2; c++) {
+                int32_t prompt[64];
+                const int n_prompt = 1 + (int)rnd(ctx_variant ? 20 : 40);
+                for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)rnd((uint32_t)info.vocab);
+                fm_generate_params plain;
+                fm_generate_params_init(&plain);
+                plain.max_new_tokens = 1 + (int)rnd(200);
+                plain.ignore_stop = 1;
+                result a = {0}, b = {0};
+                if (generate(e, prompt, n_prompt, &plain, &a, NULL)) {
+                    CHECK_MSG(0, "plain generation failed");
+                    continue;
+                }
+                CHECK_MSG(a.n <= plain.max_new_tokens, "plain produced %d > -n %d", a.n, plain.max_new_tokens);
+                fm_generate_params sp = plain;
+                sp.speculative = 1;
+                static const int verify_modes[] = {0, 1, 3, 7, 15, 16};
+                sp.verify = verify_modes[rnd(6)];
+                sp.fallback = (int)rnd(2);
+                int32_t stop_id;
+                if (a.n > 3 && rnd(3) == 0) { /* an extra stop token taken from the plain output */
+                    stop_id = a.ids[rnd((uint32_t)a.n)];
+                    sp.stop_ids = plain.stop_ids = &stop_id;
+                    sp.n_stop_ids = plain.n_stop_ids = 1;
+                    free(a.ids);
+                    a = (result){0};
+                    if (generate(e, prompt, n_prompt, &plain, &a, NULL)) continue;
+                }
+                const int simulate = rnd(2);
+                fm_round_trace trace[256];
+                int n_trace = 0;
+                if (simulate) {
+                    static const double means[] = {0, 2, 4, 6.5, 8, 16};
+                    sp.sim_future = a.ids;
+                    sp.sim_future_len = a.n;
+                    sp.sim_mean = means[rnd(6)];
+                    sp.sim_seed = rnd(1000);
+                    sp.trace = trace;
+                    sp.trace_cap = 256;
+                    sp.n_trace = &n_trace;
+                }
+                fm_generate_stats st;
+                if (generate(e, prompt, n_prompt, &sp, &b, &st)) {
+                    CHECK_MSG(0, "speculative generation failed");
+                    free(a.ids);
+                    continue;
+                }
+                cases++;
+                CHECK_MSG(same(&a, &b),
+                          "model %s ctx %d case %d: speculative (verify %d, fallback %d, sim %d) differs from plain "
+                          "(%d vs %d tokens)",
+                          MODELS[mi].type, info.n_ctx, c, sp.verify, sp.fallback, simulate, b.n, a.n);
+                CHECK(b.n <= sp.max_new_tokens);
+                for (int r = 0; r < n_trace; r++) {
+                    CHECK(trace[r].accepted <= trace[r].verified);
+                    accepted_hist[trace[r].accepted]++;
+                }
+                free(a.ids);
+                free(b.ids);
+            }
+            fm_engine_free(e);
+        }
+    }
+    printf("cases: %d; rounds by accepted drafts:", cases);
+    int reached = 0;
+    for (int k = 0; k <= 16; k++) {
+        printf(" %d:%d", k, accepted_hist[k]);
+        reached += accepted_hist[k] > 0;
+    }
+    printf("\n");
+    CHECK_MSG(cases >= 200, "only %d cases ran", cases);
+    CHECK_MSG(accepted_hist[0] > 0 && accepted_hist[16] > 0 && reached >= 12,
+              "simulated rounds should accept from 0 to 16 drafts (saw %d distinct counts)", reached);
+    return fm_test_report("test_speculative");
+}
