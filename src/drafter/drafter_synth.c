@@ -95,13 +95,15 @@ static int norm(synth *s, const char *name, int64_t n, float center, float sprea
     return add(s, name, 1, n, 0, center, spread, 0, 0);
 }
 
-/* AdaLN: linear(cond -> 3D), small weights, bias chunks scale ~0, shift ~0, gate ~1. */
+/* AdaLN: linear(cond -> 3D), small weights, bias chunks scale ~0, shift ~0, gate ~1 (cross-attention ~2). */
 static int adaln(synth *s, const char *name, int64_t D, int64_t C) {
     char n[96];
     snprintf(n, sizeof n, "%s.linear.weight", name);
     if (add(s, n, 2, 3 * D, C, 0.0f, 0.2f * sqrtf(3.0f / (float)C), 0, 0)) return -1;
     snprintf(n, sizeof n, "%s.linear.bias", name);
-    return add(s, n, 1, 3 * D, 0, 0.0f, 0.1f, D, 1.0f);
+    /* Cross-attention gates ~2: the slots differ from each other mainly through what they attend to. */
+    float gate = strstr(name, "cross_attn") ? 2.0f : 1.0f;
+    return add(s, n, 1, 3 * D, 0, 0.0f, 0.1f, D, gate);
 }
 
 static int attn(synth *s, int l, const char *kind, int64_t D, int64_t hd) {
@@ -209,7 +211,8 @@ int fm_drafter_synth(const fm_drafter_synth_params *p, int target_dim, int targe
     if (!rc) rc = norm(&s, "state_norm.weight", H, 1.0f, 0.1f);
     if (!rc) rc = norm(&s, "noise_norm.weight", H, 1.0f, 0.1f);
     if (!rc) rc = add(&s, "noise_gate", 1, 1, 0, 1.0f, 0.0f, 0, 0);
-    if (!rc) rc = linear(&s, "x_embed", D, H, 1.0f, 1);
+    /* A small x_embed gain: every slot starts from this same row, so it should not drown the slots' differences. */
+    if (!rc) rc = linear(&s, "x_embed", D, H, 0.3f, 1);
     /* Time conditioning. */
     if (!rc) rc = linear(&s, "time_embed.linear_1", C, TD, 1.0f, 1);
     if (!rc) rc = linear(&s, "time_embed.linear_2", C, C, 1.0f, 1);
