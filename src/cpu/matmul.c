@@ -143,7 +143,7 @@ static void matmul_q8_0_nomem(const fm_matrix *w, const float *x, int T, float *
             float s = 0;
             for (int64_t b = 0; b < nb; b++) {
                 fm_block_q8_0 xb;
-                fm_quant_q8_0_scalar(x + (int64_t)t * w->cols + b * FM_QK8_0, &xb, NULL, FM_QK8_0);
+                fm_quant_q8_0_scalar(x + (int64_t)t * w->cols + b * FM_QK8_0, &xb, NULL, FM_QK8_0, 1);
                 int32_t isum = 0;
                 for (int k = 0; k < FM_QK8_0; k++) isum += (int32_t)wr[b].qs[k] * xb.qs[k];
                 s += (float)isum * (fm_f16_to_f32(wr[b].d) * fm_f16_to_f32(xb.d));
@@ -166,9 +166,9 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *w
             matmul_q8_0_nomem(w, x, T, y, bias);
             return;
         }
-        fm_block_q8_0 *xq = (fm_block_q8_0 *)ws; /* [T][nb] */
-        float *xd = (float *)(ws + qbytes);      /* [T][nb] */
-        tab->quant(x, xq, xd, (int64_t)T * w->cols);
+        fm_block_q8_0 *xq = (fm_block_q8_0 *)ws; /* [nb][T] */
+        float *xd = (float *)(ws + qbytes);      /* [nb][T] */
+        for (int t = 0; t < T; t++) tab->quant(x + (int64_t)t * w->cols, xq + t, xd + t, w->cols, T);
         act.xq = xq;
         act.xd = xd;
     } else if (w->dtype == FM_DTYPE_BF16 && tab->split_bf16) {
@@ -203,11 +203,11 @@ void fm_matmul_reference(const fm_matrix *w, const float *x, int T, float *y, co
 
 void fm_quantize_row_q8_0(const float *x, fm_block_q8_0 *y, int64_t n) {
     fm_mm_table tab = current_table();
-    tab.quant(x, y, NULL, n);
+    tab.quant(x, y, NULL, n, 1);
 }
 
 void fm_quantize_row_q8_0_reference(const float *x, fm_block_q8_0 *y, int64_t n) {
-    fm_quant_q8_0_scalar(x, y, NULL, n);
+    fm_quant_q8_0_scalar(x, y, NULL, n, 1);
 }
 
 int fm_matrix_check(const fm_matrix *w, char *err, size_t errlen) {

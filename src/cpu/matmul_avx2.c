@@ -17,6 +17,8 @@
 #include "cpu/matmul_kernels.h"
 
 #define FM_INLINE static inline __attribute__((always_inline))
+/* The tile loops over rows (R) and tokens (TT) have compile-time trip counts after inlining; they must be
+ * fully unrolled so that the accumulators live in registers (GCC -O2 does not do it by itself). */
 
 FM_INLINE float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -63,17 +65,24 @@ FM_INLINE void float_tile(fm_dtype dt, const fm_matrix *w, const fm_mm_act *a, f
     const char *w0 = (const char *)w->data + (size_t)r * rb;
     const float *x0 = a->x + (int64_t)t0 * K;
     __m256 acc[4][4];
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[i][t] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K8; k += 8) {
         __m256 xv[4];
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) xv[t] = _mm256_loadu_ps(x0 + t * K + k);
+#pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m256 wv = load8(dt, w0 + i * rb, k);
+#pragma GCC unroll 8
             for (int t = 0; t < TT; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
         }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             float s = hsum256(acc[i][t]);
             for (int64_t k = K8; k < K; k++) s += load1(dt, w0 + i * rb, k) * x0[t * K + k];
@@ -118,67 +127,217 @@ FM_INLINE void q8_tile(const fm_matrix *w, const fm_mm_act *a, float *y, const f
                        const int R, const int TT) {
     const int64_t nb = w->cols / FM_QK8_0;
     const fm_block_q8_0 *w0 = (const fm_block_q8_0 *)w->data + r * nb;
-    const fm_block_q8_0 *x0 = a->xq + (int64_t)t0 * nb;
-    const float *d0 = a->xd + (int64_t)t0 * nb;
+    const int64_t T = a->T;
+    const fm_block_q8_0 *x0 = a->xq + t0; /* block b of token t0 + t: x0[b * T + t] */
+    const float *d0 = a->xd + t0;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4][8];
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[i][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < nb; b++, x0 += T, d0 += T) {
+#pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             const fm_block_q8_0 *wb = w0 + i * nb + b;
+            /* Rows are short streams (a few KB): prefetch ~1 KB ahead, across row ends too. */
+            _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
             const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
             const __m256i wa = _mm256_sign_epi8(wq, wq); /* |w|; -128 stays 0x80 = 128 unsigned */
             const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
+#pragma GCC unroll 8
             for (int t = 0; t < TT; t++) {
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)x0[t * nb + b].qs);
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)x0[t].qs);
                 const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq));
                 const __m256i p32 = _mm256_madd_epi16(p16, ones);
-                const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(d0 + t * nb + b));
+                const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(d0 + t));
                 acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), s, acc[i][t]);
             }
         }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) store_out(w, y, bias, r + i, t0 + t, hsum256(acc[i][t]));
 }
 
-/* One row tile height per call: 4 rows when few tokens (T=1: 4 independent chains hide FMA latency), 2 rows x
- * 4 tokens otherwise (8 accumulators + the row's w, |w|, d_w stay within the 16 ymm registers). */
-FM_INLINE void q8_rows_of(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
-                          const int R) {
-    int t = 0;
-    if (R >= 3) {
-        for (; t + 2 <= a->T; t += 2) q8_tile(w, a, y, bias, r, t, R, 2);
-    } else {
-        for (; t + 4 <= a->T; t += 4) q8_tile(w, a, y, bias, r, t, R, 4);
-        if (a->T - t == 3) q8_tile(w, a, y, bias, r, t, R, 3), t += 3;
-        if (a->T - t == 2) q8_tile(w, a, y, bias, r, t, R, 2), t += 2;
+/* T = 2 (and a model of the decode kernel): one row at a time, so each thread reads its rows as one
+ * sequential stream (rows are contiguous; short rows read 4 at a time defeat the hardware prefetcher), with
+ * two blocks per step in separate accumulators to hide the FMA latency. */
+FM_INLINE void q8_row_small_t(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
+                              const int TT) {
+    const int64_t nb = w->cols / FM_QK8_0, T = a->T;
+    const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
+    const fm_block_q8_0 *xb = a->xq;
+    const float *xd = a->xd;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[2][2];
+#pragma GCC unroll 2
+    for (int u = 0; u < 2; u++)
+#pragma GCC unroll 2
+        for (int t = 0; t < TT; t++) acc[u][t] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, wb += 2, xb += 2 * T, xd += 2 * T) {
+        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; u++) {
+            const __m256i wq = _mm256_loadu_si256((const __m256i *)wb[u].qs);
+            const __m256i wa = _mm256_sign_epi8(wq, wq);
+            const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb[u].d));
+#pragma GCC unroll 2
+            for (int t = 0; t < TT; t++) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[u * T + t].qs);
+                const __m256i p32 =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq)), ones);
+                const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + u * T + t));
+                acc[u][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), s, acc[u][t]);
+            }
+        }
     }
-    if (a->T - t == 1) q8_tile(w, a, y, bias, r, t, R, 1);
+    if (b < nb) {
+        const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
+        const __m256i wa = _mm256_sign_epi8(wq, wq);
+        const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
+#pragma GCC unroll 2
+        for (int t = 0; t < TT; t++) {
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[t].qs);
+            const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq)), ones);
+            const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + t));
+            acc[0][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), s, acc[0][t]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int t = 0; t < TT; t++) store_out(w, y, bias, r, t, hsum256(_mm256_add_ps(acc[0][t], acc[1][t])));
+}
+
+/* Decode (T = 1): one row, four blocks per step. The int32 lanes of the 4 blocks are folded by three vphaddd
+ * into [b0..b3 | b0..b3], so convert/scale/FMA run once per 4 blocks, with the 4 scales d_w * d_x built by
+ * one vcvtph2ps of the 4 weight scales and one 128-bit load of the activation scales. */
+FM_INLINE void q8_row_t1(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r) {
+    const int64_t nb = w->cols / FM_QK8_0;
+    const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
+    const fm_block_q8_0 *xb = a->xq;
+    const float *xd = a->xd;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4, wb += 4, xb += 4, xd += 4) {
+        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
+        _mm_prefetch((const char *)wb + 1024 + 64, _MM_HINT_T0);
+        __m256i p[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            const __m256i wq = _mm256_loadu_si256((const __m256i *)wb[u].qs);
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[u].qs);
+            p[u] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)),
+                                     ones);
+        }
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        const __m128 dw = _mm_cvtph_ps(
+            _mm_setr_epi16((short)wb[0].d, (short)wb[1].d, (short)wb[2].d, (short)wb[3].d, 0, 0, 0, 0));
+        const __m128 s4 = _mm_mul_ps(dw, _mm_loadu_ps(xd));
+        const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc);
+    }
+    float sum = hsum256(acc);
+    for (; b < nb; b++, wb++, xb++, xd++) {
+        const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)xb->qs);
+        const __m256i p =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)), ones);
+        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(_cvtsh_ss(wb->d) * xd[0]));
+        sum += hsum256(f);
+    }
+    store_out(w, y, bias, r, 0, sum);
+}
+
+/* Prefill/verify: one row x G groups of 4 tokens (G = 1 or 2). The int32 lanes of 4 tokens are folded by
+ * three vphaddd into one vector [t0..t3 | t0..t3] (low and high halves of each block), so the f32 part
+ * (convert, scale, FMA) runs once per 4 tokens instead of once per token; the scales d_w * d_x of 4 tokens
+ * come from one 128-bit load (xd is block-major). Folding happens on exact int32 sums, so results equal the
+ * per-token kernel up to f32 summation order. */
+FM_INLINE void q8_tile_x4(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
+                          int t0, const int G) {
+    const int64_t nb = w->cols / FM_QK8_0, T = a->T;
+    const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
+    const fm_block_q8_0 *x0 = a->xq + t0;
+    const float *d0 = a->xd + t0;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[2];
+#pragma GCC unroll 2
+    for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, wb++, x0 += T, d0 += T) {
+        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
+        const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
+        const __m256i wa = _mm256_sign_epi8(wq, wq);
+        const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
+#pragma GCC unroll 2
+        for (int g = 0; g < G; g++) {
+            __m256i p[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)x0[4 * g + t].qs);
+                p[t] = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq)), ones);
+            }
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ps((const __m128 *)(d0 + 4 * g)));
+            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc[g]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int g = 0; g < G; g++) {
+        float out[4];
+        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(acc[g]), _mm256_extractf128_ps(acc[g], 1)));
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) store_out(w, y, bias, r, t0 + 4 * g + t, out[t]);
+    }
+}
+
+/* Prefill/verify (T >= 3): tokens in groups of 8 then 4 (q8_tile_x4), the last 1-3 by the plain tile. The row
+ * (a few KB) is re-read from L1 for each token group. */
+FM_INLINE void q8_row_tokens(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r) {
+    int t = 0;
+    for (; t + 8 <= a->T; t += 8) q8_tile_x4(w, a, y, bias, r, t, 2);
+    if (a->T - t >= 4) q8_tile_x4(w, a, y, bias, r, t, 1), t += 4;
+    switch (a->T - t) {
+    case 3:
+        q8_tile(w, a, y, bias, r, t, 1, 3);
+        break;
+    case 2:
+        q8_tile(w, a, y, bias, r, t, 1, 2);
+        break;
+    case 1:
+        q8_tile(w, a, y, bias, r, t, 1, 1);
+        break;
+    default:
+        break;
+    }
 }
 
 void fm_mm_q8_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                      int64_t r1) {
-    int64_t r = r0;
-    if (a->T <= 2) {
-        for (; r + 4 <= r1; r += 4) q8_rows_of(w, a, y, bias, r, 4);
-    } else {
-        for (; r + 2 <= r1; r += 2) q8_rows_of(w, a, y, bias, r, 2);
+    for (int64_t r = r0; r < r1; r++) {
+        if (a->T == 1)
+            q8_row_t1(w, a, y, bias, r);
+        else if (a->T == 2)
+            q8_row_small_t(w, a, y, bias, r, 2);
+        else
+            q8_row_tokens(w, a, y, bias, r);
     }
-    for (; r < r1; r++) q8_rows_of(w, a, y, bias, r, 1);
 }
 
 /* Bit-identical to fm_quant_q8_0_scalar: max is exact in any order, d and 1/d are the same scalar ops, the
  * product x * id is one IEEE multiply per lane, and roundf (ties away from zero) is rebuilt exactly from
  * truncation: r = trunc(v); r += sign(v) when |v - r| >= 0.5 (v - r is exact for |v| < 2^23). */
-void fm_quant_q8_0_avx2(const float *x, fm_block_q8_0 *y, float *d, int64_t n) {
+void fm_quant_q8_0_avx2(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride) {
     const int64_t nb = n / FM_QK8_0;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-    for (int64_t b = 0; b < nb; b++) {
-        const float *xb = x + b * FM_QK8_0;
+    for (int64_t i = 0; i < nb; i++) {
+        const int64_t b = i * stride;
+        const float *xb = x + i * FM_QK8_0;
         __m256 v[4], m = _mm256_setzero_ps();
+#pragma GCC unroll 8
         for (int j = 0; j < 4; j++) {
             v[j] = _mm256_loadu_ps(xb + 8 * j);
             m = _mm256_max_ps(m, _mm256_and_ps(v[j], absmask));
@@ -193,6 +352,7 @@ void fm_quant_q8_0_avx2(const float *x, fm_block_q8_0 *y, float *d, int64_t n) {
         if (d) d[b] = fm_f16_to_f32(y[b].d);
         const __m256 idv = _mm256_set1_ps(id);
         __m256i q[4];
+#pragma GCC unroll 8
         for (int j = 0; j < 4; j++) {
             const __m256 s = _mm256_mul_ps(v[j], idv);
             __m256 t = _mm256_round_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);

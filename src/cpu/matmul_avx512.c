@@ -14,6 +14,8 @@
 #include "cpu/matmul_kernels.h"
 
 #define FM_INLINE static inline __attribute__((always_inline))
+/* The tile loops over rows (R) and tokens (TT) have compile-time trip counts after inlining; they must be
+ * fully unrolled so that the accumulators live in registers (GCC -O2 does not do it by itself). */
 
 FM_INLINE void store_out(const fm_matrix *w, float *y, const float *bias, int64_t r, int t, float v) {
     y[(int64_t)t * w->rows + r] = v + (bias ? bias[r] : 0.0f);
@@ -59,17 +61,24 @@ FM_INLINE void float_tile(fm_dtype dt, const fm_matrix *w, const fm_mm_act *a, f
     const char *w0 = (const char *)w->data + (size_t)r * rb;
     const float *x0 = a->x + (int64_t)t0 * K;
     __m512 acc[4][4];
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[i][t] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K16; k += 16) {
         __m512 xv[4];
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) xv[t] = _mm512_loadu_ps(x0 + t * K + k);
+#pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m512 wv = load16(dt, w0 + i * rb, k);
+#pragma GCC unroll 8
             for (int t = 0; t < TT; t++) acc[i][t] = _mm512_fmadd_ps(wv, xv[t], acc[i][t]);
         }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             float s = _mm512_reduce_add_ps(acc[i][t]);
             for (int64_t k = K16; k < K; k++) s += load1(dt, w0 + i * rb, k) * x0[t * K + k];
@@ -117,11 +126,15 @@ FM_INLINE void dpbf16_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
     const uint16_t *w0 = (const uint16_t *)w->data + r * K;
     const uint16_t *hi0 = a->xbf_hi + (int64_t)t0 * K, *lo0 = a->xbf_lo + (int64_t)t0 * K;
     __m512 acc[4][4];
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[i][t] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K32; k += 32) {
+#pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             const __m512bh wv = load_bh(w0 + i * K + k);
+#pragma GCC unroll 8
             for (int t = 0; t < TT; t++) {
                 acc[i][t] = _mm512_dpbf16_ps(acc[i][t], wv, load_bh(hi0 + t * K + k));
                 acc[i][t] = _mm512_dpbf16_ps(acc[i][t], wv, load_bh(lo0 + t * K + k));
@@ -129,7 +142,9 @@ FM_INLINE void dpbf16_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
         }
     }
     const float *x0 = a->x + (int64_t)t0 * K;
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             float s = _mm512_reduce_add_ps(acc[i][t]);
             for (int64_t k = K32; k < K; k++) s += fm_bf16_to_f32(w0[i * K + k]) * x0[t * K + k];
@@ -174,40 +189,147 @@ FM_INLINE void q8_tile(const fm_matrix *w, const fm_mm_act *a, float *y, const f
                        const int R, const int TT) {
     const int64_t nb = w->cols / FM_QK8_0;
     const fm_block_q8_0 *w0 = (const fm_block_q8_0 *)w->data + r * nb;
-    const fm_block_q8_0 *x0 = a->xq + (int64_t)t0 * nb;
-    const float *d0 = a->xd + (int64_t)t0 * nb;
+    const int64_t T = a->T;
+    const fm_block_q8_0 *x0 = a->xq + t0; /* block b of token t0 + t: x0[b * T + t] */
+    const float *d0 = a->xd + t0;
     __m256 acc[4][4];
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[i][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < nb; b++, x0 += T, d0 += T) {
+#pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             const fm_block_q8_0 *wb = w0 + i * nb + b;
             const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
             const __m256i wa = _mm256_abs_epi8(wq); /* -128 stays 0x80 = 128 unsigned */
             const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
+#pragma GCC unroll 8
             for (int t = 0; t < TT; t++) {
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)x0[t * nb + b].qs);
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)x0[t].qs);
                 const __m256i p32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, _mm256_sign_epi8(xq, wq));
-                const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(d0 + t * nb + b));
+                const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(d0 + t));
                 acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), s, acc[i][t]);
             }
         }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) store_out(w, y, bias, r + i, t0 + t, hsum256(acc[i][t]));
+}
+
+/* The int32 dot of one Q8_0 block pair: 8 lanes, exact. */
+FM_INLINE __m256i q8_dot(__m256i wq, __m256i xq) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wq), _mm256_sign_epi8(xq, wq));
+}
+
+/* T = 1: one row (a sequential stream), 4 blocks per step folded by vphaddd into [b0..b3 | b0..b3], so the
+ * f32 convert/scale/FMA run once per 4 blocks (as in the AVX2 kernel). */
+FM_INLINE void q8_row_t1(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r) {
+    const int64_t nb = w->cols / FM_QK8_0;
+    const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
+    const fm_block_q8_0 *xb = a->xq;
+    const float *xd = a->xd;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4, wb += 4, xb += 4, xd += 4) {
+        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
+        _mm_prefetch((const char *)wb + 1024 + 64, _MM_HINT_T0);
+        __m256i p[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            p[u] = q8_dot(_mm256_loadu_si256((const __m256i *)wb[u].qs),
+                          _mm256_loadu_si256((const __m256i *)xb[u].qs));
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        const __m128 dw = _mm_cvtph_ps(
+            _mm_setr_epi16((short)wb[0].d, (short)wb[1].d, (short)wb[2].d, (short)wb[3].d, 0, 0, 0, 0));
+        const __m128 s4 = _mm_mul_ps(dw, _mm_loadu_ps(xd));
+        const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc);
+    }
+    float sum = hsum256(acc);
+    for (; b < nb; b++, wb++, xb++, xd++) {
+        const __m256i p =
+            q8_dot(_mm256_loadu_si256((const __m256i *)wb->qs), _mm256_loadu_si256((const __m256i *)xb->qs));
+        sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(_cvtsh_ss(wb->d) * xd[0])));
+    }
+    store_out(w, y, bias, r, 0, sum);
+}
+
+/* T >= 3: one row x G groups of 4 tokens, the 4 tokens' int32 lanes folded by vphaddd (see the AVX2 file). */
+FM_INLINE void q8_tile_x4(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
+                          int t0, const int G) {
+    const int64_t nb = w->cols / FM_QK8_0, T = a->T;
+    const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
+    const fm_block_q8_0 *x0 = a->xq + t0;
+    const float *d0 = a->xd + t0;
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, wb++, x0 += T, d0 += T) {
+        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
+        const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
+        const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            __m256i p[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++)
+                p[t] = q8_dot(wq, _mm256_loadu_si256((const __m256i *)x0[4 * g + t].qs));
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ps((const __m128 *)(d0 + 4 * g)));
+            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc[g]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        float out[4];
+        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(acc[g]), _mm256_extractf128_ps(acc[g], 1)));
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) store_out(w, y, bias, r, t0 + 4 * g + t, out[t]);
+    }
 }
 
 void fm_mm_q8_0_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                             int64_t r1) {
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
+    for (int64_t r = r0; r < r1; r++) {
+        if (a->T == 1) {
+            q8_row_t1(w, a, y, bias, r);
+            continue;
+        }
+        if (a->T == 2) {
+            q8_tile(w, a, y, bias, r, 0, 1, 2);
+            continue;
+        }
         int t = 0;
-        for (; t + 4 <= a->T; t += 4) q8_tile(w, a, y, bias, r, t, 4, 4);
-        for (; t < a->T; t++) q8_tile(w, a, y, bias, r, t, 4, 1);
-    }
-    for (; r < r1; r++) {
-        int t = 0;
-        for (; t + 4 <= a->T; t += 4) q8_tile(w, a, y, bias, r, t, 1, 4);
-        for (; t < a->T; t++) q8_tile(w, a, y, bias, r, t, 1, 1);
+        for (; t + 16 <= a->T; t += 16) q8_tile_x4(w, a, y, bias, r, t, 4);
+        switch ((a->T - t) / 4) {
+        case 3:
+            q8_tile_x4(w, a, y, bias, r, t, 3);
+            break;
+        case 2:
+            q8_tile_x4(w, a, y, bias, r, t, 2);
+            break;
+        case 1:
+            q8_tile_x4(w, a, y, bias, r, t, 1);
+            break;
+        default:
+            break;
+        }
+        t += (a->T - t) / 4 * 4;
+        switch (a->T - t) {
+        case 3:
+            q8_tile(w, a, y, bias, r, t, 1, 3);
+            break;
+        case 2:
+            q8_tile(w, a, y, bias, r, t, 1, 2);
+            break;
+        case 1:
+            q8_tile(w, a, y, bias, r, t, 1, 1);
+            break;
+        default:
+            break;
+        }
     }
 }

@@ -22,8 +22,9 @@ typedef struct {
 
 typedef void (*fm_mm_kernel)(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                              int64_t r1);
-/* Quantises n values (a multiple of 32) to Q8_0 blocks and also writes each block's scale as f32 to d. */
-typedef void (*fm_mm_quant_fn)(const float *x, fm_block_q8_0 *y, float *d, int64_t n);
+/* Quantises n values (a multiple of 32) to Q8_0 blocks y[i * stride] and, when d is not NULL, each block's
+ * scale as f32 to d[i * stride]. */
+typedef void (*fm_mm_quant_fn)(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
 
 void fm_mm_f32_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                       int64_t r1);
@@ -33,7 +34,7 @@ void fm_mm_bf16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const f
                        int64_t r1);
 void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                        int64_t r1);
-void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n);
+void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
 
 /* Compiled with AVX2+FMA+F16C; call only when fm_cpu_isa() >= FM_ISA_AVX2. */
 void fm_mm_f32_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
@@ -44,7 +45,7 @@ void fm_mm_bf16_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const flo
                      int64_t r1);
 void fm_mm_q8_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                      int64_t r1);
-void fm_quant_q8_0_avx2(const float *x, fm_block_q8_0 *y, float *d, int64_t n);
+void fm_quant_q8_0_avx2(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
 
 /* Compiled with AVX-512 F/BW/VL/DQ (+VNNI, +BF16); call only when fm_cpu_isa() == FM_ISA_AVX512, and the
  * _vnni / _dpbf16 ones only when the CPU reports avx512vnni / avx512bf16. */

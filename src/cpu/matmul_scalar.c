@@ -58,12 +58,12 @@ void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const f
     for (int64_t r = r0; r < r1; r++) {
         const fm_block_q8_0 *wr = (const fm_block_q8_0 *)w->data + r * nb;
         for (int t = 0; t < a->T; t++) {
-            const fm_block_q8_0 *xt = a->xq + (int64_t)t * nb;
             float s = 0;
             for (int64_t b = 0; b < nb; b++) {
+                const fm_block_q8_0 *xb = a->xq + b * a->T + t;
                 int32_t isum = 0;
-                for (int j = 0; j < FM_QK8_0; j++) isum += (int32_t)wr[b].qs[j] * (int32_t)xt[b].qs[j];
-                s += (float)isum * (fm_f16_to_f32(wr[b].d) * fm_f16_to_f32(xt[b].d));
+                for (int j = 0; j < FM_QK8_0; j++) isum += (int32_t)wr[b].qs[j] * (int32_t)xb->qs[j];
+                s += (float)isum * (fm_f16_to_f32(wr[b].d) * fm_f16_to_f32(xb->d));
             }
             y[(int64_t)t * w->rows + r] = s + out_bias(bias, r);
         }
@@ -71,10 +71,11 @@ void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const f
 }
 
 /* ggml's quantize_row_q8_0_ref, formula for formula. */
-void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n) {
+void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride) {
     const int64_t nb = n / FM_QK8_0;
-    for (int64_t b = 0; b < nb; b++) {
-        const float *xb = x + b * FM_QK8_0;
+    for (int64_t i = 0; i < nb; i++) {
+        const int64_t b = i * stride;
+        const float *xb = x + i * FM_QK8_0;
         float amax = 0.0f;
         for (int j = 0; j < FM_QK8_0; j++) {
             const float v = fabsf(xb[j]);

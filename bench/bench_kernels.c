@@ -1,0 +1,119 @@
+/* bench_kernels.c: fm_matmul throughput per weight type and ISA level, for the Qwen3-4B MLP shapes
+ * (9728x2560 gate/up, 2560x9728 down) and T tokens per call. Prints weight GB/s (bytes of W read per second,
+ * each byte once per call) and GFLOP/s (2 * rows * cols * T per call).
+ * Usage: bench_kernels [threads=2] [seconds_per_case=0.3] [max_scalar_T=1] [type: f32|f16|bf16|q8_0]
+ * Weights rotate over enough copies to exceed 128 MB, so they come from DRAM, not the L3. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/threadpool.h"
+#include "cpu/cpu_features.h"
+#include "cpu/matmul.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+static void fill(fm_dtype dt, char *p, size_t bytes) {
+    if (dt == FM_DTYPE_Q8_0) {
+        fm_block_q8_0 *b = (fm_block_q8_0 *)p;
+        for (size_t i = 0; i < bytes / sizeof *b; i++) {
+            b[i].d = fm_f32_to_f16(0.01f);
+            for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)(rnd() % 255 - 127);
+        }
+    } else if (dt == FM_DTYPE_F32) {
+        float *f = (float *)p;
+        for (size_t i = 0; i < bytes / 4; i++) f[i] = (float)(rnd() % 2000) * 1e-3f - 1.0f;
+    } else {
+        uint16_t *h = (uint16_t *)p;
+        for (size_t i = 0; i < bytes / 2; i++) {
+            float v = (float)(rnd() % 2000) * 1e-3f - 1.0f;
+            h[i] = dt == FM_DTYPE_F16 ? fm_f32_to_f16(v) : fm_f32_to_bf16(v);
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 2;
+    double secs = argc > 2 ? atof(argv[2]) : 0.3;
+    int max_scalar_T = argc > 3 ? atoi(argv[3]) : 1;
+    fm_dtype only = FM_DTYPE_COUNT;
+    if (argc > 4 && fm_dtype_parse(argv[4], &only) != 0) {
+        fprintf(stderr, "unknown type %s\n", argv[4]);
+        return 2;
+    }
+    static const int64_t shapes[][2] = {{9728, 2560}, {2560, 9728}};
+    static const int Ts[] = {1, 8, 17, 64};
+    const int nT = (int)(sizeof Ts / sizeof *Ts);
+    fm_pool *pool = fm_pool_create(threads);
+    const fm_isa best = fm_cpu_isa_best();
+    printf("bench_kernels: %d threads, best ISA %s, %.2f s per case\n", fm_pool_size(pool), fm_isa_name(best),
+           secs);
+    printf("%-5s %-7s %-11s %4s %9s %8s %9s %9s\n", "type", "isa", "shape", "T", "ms/call", "GB/s", "GFLOP/s",
+           "x T=1");
+    float *x = malloc(sizeof(float) * 64 * 9728), *y = malloc(sizeof(float) * 64 * 9728);
+    for (int i = 0; i < 64 * 9728; i++) x[i] = (float)(rnd() % 2000) * 1e-3f - 1.0f;
+    for (int dt = 0; dt < FM_DTYPE_COUNT; dt++) {
+        if (only != FM_DTYPE_COUNT && dt != (int)only) continue;
+        for (int s = 0; s < 2; s++) {
+            const int64_t rows = shapes[s][0], cols = shapes[s][1];
+            const size_t bytes = fm_dtype_row_bytes((fm_dtype)dt, cols) * (size_t)rows;
+            int ncopies = (int)((128u << 20) / bytes) + 1;
+            char *data = malloc(bytes * (size_t)ncopies);
+            if (!data) {
+                fprintf(stderr, "out of memory\n");
+                return 1;
+            }
+            fill((fm_dtype)dt, data, bytes * (size_t)ncopies);
+            for (int lvl = (int)best; lvl >= FM_ISA_SCALAR; lvl--) {
+                fm_cpu_set_isa((fm_isa)lvl);
+                double t1 = 0;
+                for (int ti = 0; ti < nT; ti++) {
+                    const int T = Ts[ti];
+                    if (lvl == FM_ISA_SCALAR && T > max_scalar_T) continue;
+                    fm_matrix w = {(fm_dtype)dt, rows, cols, data};
+                    fm_matmul(pool, &w, x, T, y, NULL); /* warm-up: workspace, page faults */
+                    int reps = 0;
+                    double best_call = 1e30, t0 = now_s(), elapsed = 0;
+                    do {
+                        w.data = data + bytes * (size_t)(reps % ncopies);
+                        double c0 = now_s();
+                        fm_matmul(pool, &w, x, T, y, NULL);
+                        double c = now_s() - c0;
+                        best_call = c < best_call ? c : best_call;
+                        reps++;
+                        elapsed = now_s() - t0;
+                    } while (elapsed < secs || reps < 3);
+                    const double per = elapsed / reps; /* mean: includes the busy-machine noise */
+                    if (T == 1) t1 = per;
+                    char shape[32];
+                    snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
+                    printf("%-5s %-7s %-11s %4d %9.3f %8.1f %9.1f %9.2f  (best %.3f ms)\n",
+                           fm_dtype_name((fm_dtype)dt), fm_isa_name((fm_isa)lvl), shape, T, per * 1e3,
+                           (double)bytes / per * 1e-9, 2.0 * (double)rows * (double)cols * T / per * 1e-9,
+                           per / t1, best_call * 1e3);
+                    fflush(stdout);
+                }
+            }
+            fm_cpu_set_isa(best);
+            free(data);
+        }
+    }
+    free(x);
+    free(y);
+    fm_pool_free(pool);
+    fm_matmul_scratch_release();
+    return 0;
+}
