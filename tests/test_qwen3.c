@@ -8,6 +8,8 @@
  *   - a prefill in chunks of 1, 7 and all-at-once gives the same last logits, bitwise (every op is row-local
  *     and each row's reductions run in an order that depends on neither T nor the chunk boundaries; attention
  *     reads the f16 cache, which holds the same bits whichever chunk wrote them); also with 1 and 2 threads;
+ *   - the block and chunk properties hold at every kernel level this CPU runs (scalar, AVX2, AVX-512): a
+ *     failure names the level and the weight type, i.e. the kernel whose row results depend on T;
  *   - a full cache, a too-large batch and bad token ids are clear errors that leave the state usable;
  *   - loading refuses another architecture by name, and names a missing tensor and a wrongly shaped one. */
 #include <stdint.h>
@@ -15,6 +17,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
 #include "io/gguf.h"
 #include "model/qwen3.h"
@@ -291,7 +294,7 @@ int main(void) {
     char path[1200], err[FM_ERROR_LEN];
     for (int ti = 0; ti < 4; ti++) {
         for (int tied = 0; tied < 2; tied++) {
-            char tn[32];
+            char tn[48];
             snprintf(tn, sizeof tn, "%s%s", fm_dtype_name(types[ti]), tied ? "/tied" : "");
             snprintf(path, sizeof path, "%s/qwen3_%s_%d.gguf", fm_test_tmpdir(), fm_dtype_name(types[ti]),
                      tied);
@@ -302,11 +305,15 @@ int main(void) {
             if (rc) continue;
             CHECK(m->hp.tied == tied && m->hp.vocab == VOCAB && m->hp.head_dim == HEAD_DIM);
             CHECK(m->layers[0].wq.dtype == types[ti]);
-            test_verify_block(tn, m, pool);
-            if (!tied) { /* the cheaper properties once per type */
-                test_chunked_prefill(tn, m, pool);
-                test_errors(tn, m, pool);
+            for (int isa = FM_ISA_SCALAR; isa <= (int)fm_cpu_isa_best(); isa++) {
+                CHECK(fm_cpu_set_isa((fm_isa)isa) == 0);
+                snprintf(tn, sizeof tn, "%s%s/%s", fm_dtype_name(types[ti]), tied ? "/tied" : "",
+                         fm_isa_name((fm_isa)isa));
+                test_verify_block(tn, m, pool);
+                if (!tied) test_chunked_prefill(tn, m, pool); /* once per type and level */
             }
+            fm_cpu_set_isa(fm_cpu_isa_best());
+            if (!tied) test_errors(tn, m, pool);
             qwen3_model_free(m);
             remove(path);
         }
