@@ -43,7 +43,7 @@ static int synth_pair(const model_spec *m, char *target, char *drafter, size_t l
     }
     snprintf(target, len, "%s/spec_target_%s_%d.gguf", fm_test_tmpdir(), m->type, m->seed);
     snprintf(drafter, len, "%s/spec_drafter_%s_%d", fm_test_tmpdir(), m->type, m->seed);
-    char cmd[4096];
+    char cmd[16384];
     snprintf(cmd, sizeof cmd,
              "'%s' synth target -o '%s' --layers 3 --dim 64 --heads 4 --kv-heads %d --head-dim 16 --ffn 128 "
              "--type %s %s --seed %d >/dev/null 2>&1",
@@ -51,7 +51,7 @@ static int synth_pair(const model_spec *m, char *target, char *drafter, size_t l
     if (run(cmd)) return -1;
     snprintf(cmd, sizeof cmd,
              "mkdir -p '%s' && '%s' synth drafter -m '%s' -o '%s/model.safetensors' --dim 64 --layers 2 "
-             "--heads 4 --head-dim 16 --ffn 128 --captures 2 --seed %d >/dev/null 2>&1",
+             "--heads 4 --head-dim 16 --ffn 128 --target-layers 0,2 --seed %d >/dev/null 2>&1",
              drafter, cli, target, drafter, m->seed);
     return run(cmd);
 }
@@ -84,7 +84,7 @@ static int same(const result *a, const result *b) {
 }
 
 int main(void) {
-    char target[1024], drafter[1024], err[FM_ERRBUF_SIZE];
+    char target[4096], drafter[4096], err[FM_ERRBUF_SIZE];
     int accepted_hist[FM_MAX_BLOCK + 1] = {0}, cases = 0;
     for (int mi = 0; mi < N_MODELS; mi++) {
         if (synth_pair(&MODELS[mi], target, drafter, sizeof target)) {
