@@ -156,7 +156,7 @@ static void test_repeated(void) {
     fm_pool *p = fm_pool_create(2);
     int64_t acc[MAX_T];
     int bad = 0;
-    for (int rep = 0; rep < 20000; rep++) {
+    for (int rep = 0; rep < 5000; rep++) {
         memset(acc, 0, sizeof acc);
         int64_t n = 1 + rep % 300;
         sum_ctx s = {acc};
@@ -165,7 +165,7 @@ static void test_repeated(void) {
         for (int t = 0; t < MAX_T; t++) tot += acc[t];
         bad += tot != n * (n - 1) / 2;
     }
-    CHECK_MSG(bad == 0, "repeated: %d of 20000 jobs summed wrong", bad);
+    CHECK_MSG(bad == 0, "repeated: %d of 5000 jobs summed wrong", bad);
     fm_pool_free(p);
     /* Parked workers: sleep past the spin window, then submit again. */
     p = fm_pool_create(3);
@@ -190,7 +190,7 @@ typedef struct {
 static void *submitter(void *v) {
     submitter_arg *a = v;
     int64_t acc[MAX_T];
-    for (int rep = 0; rep < 2000; rep++) {
+    for (int rep = 0; rep < 500; rep++) {
         memset(acc, 0, sizeof acc);
         sum_ctx s = {acc};
         fm_pool_for(a->pool, 500, 1, sum_fn, &s);

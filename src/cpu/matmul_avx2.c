@@ -1,14 +1,17 @@
 /* matmul_avx2.c: AVX2 + FMA + F16C kernels for every weight type, and the AVX2 Q8_0 activation quantiser.
  *
- * Tiling: rows are taken R at a time and tokens TT at a time; for each tile the loop runs over the whole
- * row, keeping R x TT accumulators in registers. A row group's weights (R rows, at most a few tens of KB) are
- * read from memory by the first token tile and from L1/L2 by the next ones, so DRAM sees each weight byte
- * once per call. x is small and stays in cache.
+ * Tiling: for each tile of rows x tokens the loop runs over the whole row, keeping the tile's accumulators in
+ * registers. A row (or a 4-row group: a few KB to tens of KB) is read from memory by the first token tile and
+ * from L1/L2 by the next ones, so DRAM sees each weight byte once per call; x is small and stays in cache.
  *
  * Q8_0 (int8 x int8, as ggml): per 32-value block, |w| (unsigned) times sign(x, w) (signed) with
  * vpmaddubsw gives 16 exact int16 pair sums (|pair| <= 2 * 128 * 127 < 32768 since x never is -128),
  * vpmaddwd with ones widens them to 8 int32 lanes, and the block's f32 scale d_w * d_x multiplies them into
  * f32 accumulators. Every int product is exact; only the f32 additions differ in order from the reference.
+ * The f32 part (convert, scale, FMA: 3 of the 6 ops per block product) is amortised by folding the int32
+ * lanes of 4 block products with a vphaddd tree first: 4 consecutive blocks of one row at T = 1 (decode),
+ * 4 tokens of one block at T >= 3 (prefill, verify). Rows are processed one at a time, so each thread reads
+ * its weights as one sequential stream, with a software prefetch 1 KB ahead.
  *
  * Float types: weights are widened to f32 (F16 by vcvtph2ps, BF16 by a 16-bit shift), x stays f32, FMA. */
 #include <immintrin.h>

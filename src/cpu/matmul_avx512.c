@@ -2,13 +2,15 @@
  * those ISA flags but its functions run only after matmul.c checked CPUID (fm_cpu_isa() == FM_ISA_AVX512,
  * and avx512vnni / avx512bf16 for the variants that need them).
  *
- * Same tiling as the AVX2 file, with 32 vector registers: 4 rows x 4 tokens of accumulators.
- * - F32/F16/BF16: 16 lanes, weights widened to f32, x f32, FMA.
+ * Float kernels tile 4 rows x 4 tokens of 16-lane accumulators (32 vector registers):
+ * - F32/F16/BF16: weights widened to f32, x f32, FMA.
  * - BF16 with AVX512-BF16: vdpbf16ps on raw bf16 weights. x is carried as two bf16 vectors hi + lo
  *   (hi = bf16(x), lo = bf16(x - hi)), so each product keeps ~16 mantissa bits of x (relative error about
  *   2^-17 per term) instead of bf16's 8; the products of two bf16 are exact in f32.
  * - Q8_0 with VNNI: per 32-value block vpdpbusd(|w|, sign(x, w)) gives 8 exact int32 lanes in one
- *   instruction (no int16 step), then the f32 block scale as in the AVX2 kernel. */
+ *   instruction (no int16 step); then the same structure as the AVX2 kernel: T = 1 streams one row and folds
+ *   4 blocks per vphaddd tree, T >= 3 folds 4 tokens per tree, so the f32 convert/scale/FMA run once per 4
+ *   block products. */
 #include <immintrin.h>
 
 #include "cpu/matmul_kernels.h"
