@@ -112,22 +112,15 @@ int fm_session_create(fm_engine *e, fm_session **out, char *err, size_t errlen) 
     *out = NULL;
     fm_session *s = calloc(1, sizeof *s);
     if (!s) return fm_set_error(err, errlen, "out of memory");
-    qwen3_state_params sp = {
-        .n_ctx = e->n_ctx,
-        .max_batch = e->prefill_chunk > FM_MAX_BLOCK + 1 ? e->prefill_chunk : FM_MAX_BLOCK + 1,
-        .capture_layers = e->capture,
-        .n_capture = e->n_capture,
-    };
-    if (qwen3_state_create(e->model, &sp, &s->state, err, errlen)) {
+    /* One eval takes a prefill chunk or a verify block, whichever is larger. */
+    const int max_eval = e->prefill_chunk > FM_MAX_BLOCK + 1 ? e->prefill_chunk : FM_MAX_BLOCK + 1;
+    if (fm_cpu_backend_create(e->model, e->drafter, e->pool, e->n_ctx, max_eval, e->capture, e->n_capture, &s->cpu,
+                              err, errlen)) {
         free(s);
         return -1;
     }
     s->e = e;
-    s->dec.model = e->model;
-    s->dec.state = s->state;
-    s->dec.drafter = e->drafter;
-    s->dec.pool = e->pool;
-    s->dec.prefill_chunk = e->prefill_chunk;
+    s->backend = fm_cpu_backend_ops(s->cpu);
     fm_session_reset(s);
     *out = s;
     return 0;
@@ -135,25 +128,17 @@ int fm_session_create(fm_engine *e, fm_session **out, char *err, size_t errlen) 
 
 void fm_session_free(fm_session *s) {
     if (!s) return;
-    qwen3_state_free(s->state);
-    free(s->dec.pending);
+    fm_cpu_backend_free(s->cpu);
     free(s);
 }
 
 void fm_session_reset(fm_session *s) {
-    qwen3_state_rewind(s->state, 0);
-    if (s->e->drafter) fm_drafter_reset(s->e->drafter);
-    s->dec.pending_rows = 0;
-    s->dec.drafter_len = 0;
-    /* The loop's running averages start where the spec starts them; timings are unknown (NaN) until measured. */
-    s->dec.ema_accept = 4;
-    s->dec.ema_tokens = 5;
-    s->dec.round_ms = s->dec.step_ms = s->dec.verify_ms = 0.0 / 0.0;
-    s->dec.n_rounds_total = 0;
+    s->backend.reset(s->backend.ctx);
+    fm_decode_averages_reset(&s->avg);
     s->has_next = 0;
 }
 
-int fm_session_pos(const fm_session *s) { return qwen3_state_pos(s->state) + s->has_next; }
+int fm_session_pos(const fm_session *s) { return s->backend.pos(s->backend.ctx) + s->has_next; }
 
 static int is_stop_token(const void *ctx, int32_t id) { return fm_token_is_stop((const fm_engine *)ctx, id); }
 
@@ -178,7 +163,7 @@ int fm_session_generate(fm_session *s, const int32_t *ids, int n_ids, const fm_g
         }
     int32_t *gen = NULL;
     int n_gen = 0;
-    int rc = fm_decode_run(&s->dec, all, n, p, is_stop_token, s->e, &gen, &n_gen, stats, err, errlen);
+    int rc = fm_decode_run(&s->backend, &s->avg, all, n, p, is_stop_token, s->e, &gen, &n_gen, stats, err, errlen);
     free(all);
     if (rc) return rc;
     if (n_gen > 0) {

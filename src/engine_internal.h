@@ -4,6 +4,7 @@
 
 #include "flashmap.h"
 #include "core/threadpool.h"
+#include "decode/cpu_backend.h"
 #include "decode/speculative.h"
 #include "drafter/flashmap_drafter.h"
 #include "model/qwen3.h"
@@ -22,8 +23,9 @@ struct fm_engine {
 
 struct fm_session {
     fm_engine *e;
-    qwen3_state *state;
-    fm_decoder dec;
+    fm_cpu_backend *cpu;
+    fm_decode_backend backend;
+    fm_decode_averages avg;
     int has_next; /* the last generated token is not in the cache yet */
     int32_t next;
 };

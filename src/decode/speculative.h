@@ -10,31 +10,22 @@
 #define FM_DECODE_SPECULATIVE_H
 
 #include "flashmap.h"
-#include "core/threadpool.h"
-#include "drafter/flashmap_drafter.h"
-#include "model/qwen3.h"
+#include "decode/decode_backend.h"
 
-/* The state a decoding run works on; owned by an fm_session. */
+/* The loop's state kept across the calls of one session: the running averages of the adaptive verify width
+ * and of the fallback rule (ms; NaN until measured). */
 typedef struct {
-    const qwen3_model *model;
-    qwen3_state *state;
-    fm_drafter *drafter; /* NULL: plain decoding only */
-    fm_pool *pool;
-    int prefill_chunk;
-    /* Feature rows not yet in the drafter's context (plain steps are batched into one context update). */
-    float *pending;   /* [pending_cap][feature width] */
-    int pending_rows, pending_start, pending_cap;
-    int drafter_len; /* drafter context positions that hold the target's features */
-    /* Timing averages of the fallback rule (ms), kept across calls of one session. */
     double ema_accept, ema_tokens, round_ms, step_ms, verify_ms;
-    int n_rounds_total;
-} fm_decoder;
+    int n_rounds;
+} fm_decode_averages;
 
-/* Prefills ids at the current position (chunked, feeding the drafter's context), then decodes per p. The first
- * generated token comes from the prefill's last row. On return *next is the last generated token, which is not
- * yet in the KV cache (the next call prefills it first). */
-int fm_decode_run(fm_decoder *d, const int32_t *ids, int n_ids, const fm_generate_params *p,
-                  int (*is_stop)(const void *ctx, int32_t id), const void *stop_ctx, int32_t **out, int *n_out,
-                  fm_generate_stats *stats, char *err, size_t errlen);
+void fm_decode_averages_reset(fm_decode_averages *a);
+
+/* Prefills ids at the backend's current position (in chunks of max_eval, each chunk's features committed to the
+ * drafter), then decodes per p. The first generated token comes from the prefill's last row. The last generated
+ * token is not fed to the target (the caller prefills it before the next input). */
+int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int32_t *ids, int n_ids,
+                  const fm_generate_params *p, int (*is_stop)(const void *ctx, int32_t id), const void *stop_ctx,
+                  int32_t **out, int *n_out, fm_generate_stats *stats, char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,126 @@
+/* cpu_backend.c: fm_decode_backend on the CPU. Feature rows of plain steps and prefill chunks wait in
+ * `pending` until the next draft needs them, so a stretch of plain steps costs the drafter one batched
+ * context update instead of one per token (its fc matrix alone is 12800 x 2048). */
+#include "decode/cpu_backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+struct fm_cpu_backend {
+    const qwen3_model *model;
+    qwen3_state *state;
+    fm_drafter *drafter;
+    fm_pool *pool;
+    int max_eval;
+    float *pending; /* [pending_cap][feature width]: rows not yet in the drafter's context */
+    int pending_rows, pending_start, pending_cap;
+};
+
+int fm_cpu_backend_create(const qwen3_model *m, fm_drafter *drafter, fm_pool *pool, int n_ctx, int max_eval,
+                          const int *capture, int n_capture, fm_cpu_backend **out, char *err, size_t errlen) {
+    *out = NULL;
+    fm_cpu_backend *b = calloc(1, sizeof *b);
+    if (!b) return fm_set_error(err, errlen, "out of memory");
+    qwen3_state_params sp = {.n_ctx = n_ctx, .max_batch = max_eval, .capture_layers = capture, .n_capture = n_capture};
+    if (qwen3_state_create(m, &sp, &b->state, err, errlen)) {
+        free(b);
+        return -1;
+    }
+    b->model = m;
+    b->drafter = drafter;
+    b->pool = pool;
+    b->max_eval = max_eval;
+    *out = b;
+    return 0;
+}
+
+void fm_cpu_backend_free(fm_cpu_backend *b) {
+    if (!b) return;
+    qwen3_state_free(b->state);
+    free(b->pending);
+    free(b);
+}
+
+static int cpu_pos(void *ctx) { return qwen3_state_pos(((fm_cpu_backend *)ctx)->state); }
+
+static int cpu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err, size_t errlen) {
+    fm_cpu_backend *b = ctx;
+    const qwen3_out out = !argmax ? QWEN3_OUT_NONE : all_rows ? QWEN3_OUT_ALL_ARGMAX : QWEN3_OUT_LAST_LOGITS;
+    if (qwen3_forward(b->model, b->state, b->pool, ids, n, out, err, errlen)) return -1;
+    if (argmax) memcpy(argmax, qwen3_state_argmax(b->state), (size_t)(all_rows ? n : 1) * sizeof *argmax);
+    return 0;
+}
+
+static void cpu_rewind(void *ctx, int pos) {
+    fm_cpu_backend *b = ctx;
+    qwen3_state_rewind(b->state, pos);
+    /* Pending rows past the new end describe tokens that are gone. */
+    if (b->pending_rows && b->pending_start + b->pending_rows > pos)
+        b->pending_rows = pos > b->pending_start ? pos - b->pending_start : 0;
+}
+
+static int flush(fm_cpu_backend *b, char *err, size_t errlen) {
+    const int fw = qwen3_state_feature_width(b->state);
+    for (int r = 0; r < b->pending_rows; r += b->max_eval) {
+        const int n = b->pending_rows - r < b->max_eval ? b->pending_rows - r : b->max_eval;
+        if (fm_drafter_extend_context(b->drafter, b->pool, b->pending + (size_t)r * fw, n, b->pending_start + r, err,
+                                      errlen))
+            return -1;
+    }
+    b->pending_rows = 0;
+    return 0;
+}
+
+static int cpu_commit_features(void *ctx, int n, int start, char *err, size_t errlen) {
+    fm_cpu_backend *b = ctx;
+    if (!b->drafter || n <= 0) return 0;
+    const int fw = qwen3_state_feature_width(b->state);
+    /* Rows must follow the pending ones; anything else (a round's overwrite) flushes first. */
+    if (b->pending_rows && b->pending_start + b->pending_rows != start && flush(b, err, errlen)) return -1;
+    if (b->pending_rows == 0) b->pending_start = start;
+    if (b->pending_rows + n > b->pending_cap) {
+        int cap = b->pending_cap ? b->pending_cap : 64;
+        while (cap < b->pending_rows + n) cap *= 2;
+        float *p = realloc(b->pending, (size_t)cap * fw * sizeof *p);
+        if (!p) return fm_set_error(err, errlen, "out of memory for drafter context rows");
+        b->pending = p;
+        b->pending_cap = cap;
+    }
+    memcpy(b->pending + (size_t)b->pending_rows * fw, qwen3_state_features(b->state), (size_t)n * fw * sizeof(float));
+    b->pending_rows += n;
+    return 0;
+}
+
+static int cpu_draft(void *ctx, int32_t anchor, int pos, int32_t *out, char *err, size_t errlen) {
+    fm_cpu_backend *b = ctx;
+    if (!b->drafter) return fm_set_error(err, errlen, "no drafter loaded");
+    if (flush(b, err, errlen)) return -1;
+    return fm_drafter_draft(b->drafter, b->pool, anchor, pos, out, err, errlen);
+}
+
+static void cpu_reset(void *ctx) {
+    fm_cpu_backend *b = ctx;
+    qwen3_state_rewind(b->state, 0);
+    b->pending_rows = 0;
+    if (b->drafter) fm_drafter_reset(b->drafter);
+}
+
+fm_decode_backend fm_cpu_backend_ops(fm_cpu_backend *b) {
+    fm_decode_backend ops = {
+        .ctx = b,
+        .n_ctx = qwen3_state_n_ctx(b->state),
+        .vocab = b->model->hp.vocab,
+        .max_eval = b->max_eval,
+        .block = b->drafter ? fm_drafter_block(b->drafter) : 0,
+        .drafter_ctx = b->drafter ? fm_drafter_max_ctx(b->drafter) : 0,
+        .pos = cpu_pos,
+        .eval = cpu_eval,
+        .rewind = cpu_rewind,
+        .commit_features = cpu_commit_features,
+        .draft = cpu_draft,
+        .reset = cpu_reset,
+    };
+    return ops;
+}
