@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's CPU tools (llama-bench, llama-simple; llama-cli with --with-cli) from a source tree that
+# is NOT part of this repository, for `flashmap bench` to measure beside our engine in the same run.
+#
+#   bench/build_llamacpp.sh SRC_DIR [BUILD_DIR] [--with-cli]
+#       SRC_DIR: a llama.cpp checkout (git clone, git worktree, or an unpacked archive).
+#   bench/build_llamacpp.sh --from-pypi SRC_DIR [BUILD_DIR] [--with-cli]
+#       First unpacks the llama.cpp that PyPI's llama-cpp-python sdist vendors into SRC_DIR (pip download;
+#       used where GitHub cannot be reached) and records the upstream commit its CHANGELOG names.
+#
+# Release, GGML_NATIVE=ON (the build machine's ISA: AVX2 here, AVX-512 where present), CPU only, -j${JOBS:-2}.
+# BUILD_DIR defaults to SRC_DIR/build-flashmap. Prints the llama.cpp commit built and, last, the path of
+# llama-bench (on a line "llama-bench: PATH"). Invariant: nothing is written inside the flashmap repository.
+set -euo pipefail
+
+usage() { echo "usage: $0 [--from-pypi] SRC_DIR [BUILD_DIR] [--with-cli]" >&2; exit 2; }
+
+from_pypi=0
+with_cli=0
+args=()
+for a in "$@"; do
+  case "$a" in
+    --from-pypi) from_pypi=1 ;;
+    --with-cli) with_cli=1 ;;
+    -h|--help) usage ;;
+    -*) echo "$0: unknown option $a" >&2; usage ;;
+    *) args+=("$a") ;;
+  esac
+done
+[ "${#args[@]}" -ge 1 ] || usage
+src="${args[0]}"
+build="${args[1]:-$src/build-flashmap}"
+jobs="${JOBS:-2}"
+
+if [ "$from_pypi" = 1 ]; then
+  if [ ! -f "$src/CMakeLists.txt" ]; then
+    tmp="$(mktemp -d)"
+    echo "build_llamacpp: downloading the llama-cpp-python sdist (vendors llama.cpp) with pip ..." >&2
+    pip download --no-deps --no-binary :all: "${LLAMA_CPP_PYTHON_SPEC:-llama-cpp-python}" -d "$tmp" >&2
+    tarball="$(ls "$tmp"/llama_cpp_python-*.tar.gz | head -n1)"
+    tar -xzf "$tarball" -C "$tmp"
+    pkg="$(basename "$tarball" .tar.gz)"
+    mkdir -p "$src"
+    cp -r "$tmp/$pkg/vendor/llama.cpp/." "$src/"
+    # The sdist has no .git; its CHANGELOG's newest "update llama.cpp to ggml-org/llama.cpp@SHA" line is
+    # the vendored commit.
+    sha="$(grep -o -m1 'ggml-org/llama.cpp@[0-9a-f]\+' "$tmp/$pkg/CHANGELOG.md" | cut -d@ -f2 || true)"
+    echo "${sha:-unknown} (vendored by ${pkg//_/-} from PyPI)" > "$src/.flashmap-llama-commit"
+    rm -rf "$tmp"
+  fi
+fi
+
+[ -f "$src/CMakeLists.txt" ] && [ -d "$src/ggml" ] || {
+  echo "$0: $src: not a llama.cpp source tree (no CMakeLists.txt / ggml/)" >&2; exit 1; }
+
+# Which commit: a git checkout knows it; an unpacked archive may carry our marker file.
+if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
+  commit="$(git -C "$src" rev-parse HEAD)"
+  commit_short="$(git -C "$src" rev-parse --short=9 HEAD)"
+elif [ -f "$src/.flashmap-llama-commit" ]; then
+  commit="$(cat "$src/.flashmap-llama-commit")"
+  commit_short="${commit%% *}"
+else
+  commit="unknown (not a git checkout)"
+  commit_short="unknown"
+fi
+
+targets=(llama-bench llama-simple)
+server=OFF
+if [ "$with_cli" = 1 ]; then targets+=(llama-cli); server=ON; fi
+
+cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF \
+  -DGGML_VULKAN=OFF -DGGML_OPENMP=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER="$server" -DLLAMA_BUILD_APP=OFF \
+  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT="$commit_short" >&2
+cmake --build "$build" --config Release -j "$jobs" --target "${targets[@]}" >&2
+
+echo "llama.cpp commit: $commit"
+echo "llama.cpp build: $build (Release, GGML_NATIVE=ON, CPU only)"
+echo "llama-bench: $build/bin/llama-bench"
