@@ -68,7 +68,8 @@ def load_drafter(folder):
 def run(target_path, drafter_dir, features, rounds):
     """rounds: [(n_rows, anchor)]: extend the context by features[len:len+n_rows] (after the previous round,
     the first of them overwrites that round's anchor slot), then draft after `anchor` at position len.
-    Returns per round {pos, anchor, drafts, head [K][H], margin [K], top2 [K][2]}."""
+    Returns per round {pos, anchor, drafts, head [K][H], top2 ids [K][2], margin [K] (top-1 minus top-2
+    logit), logit_scale}."""
     import torch
     from torch import nn
     from flashmap.modeling_flashmap import FlashMapCache
@@ -93,13 +94,15 @@ def run(target_path, drafter_dir, features, rounds):
             logits = model.draft(torch.tensor([anchor]), cache, embed, lm_head, num_steps=1,
                                  noise=torch.zeros(1, K, V))
             lg = logits[0].double().numpy()
-            top2 = np.sort(lg, axis=1)[:, -2:][:, ::-1]
+            order = np.argsort(-lg, axis=1, kind="stable")[:, :2]  # ties: the lower id first, as argmax
+            top2 = np.take_along_axis(lg, order, axis=1)
             results.append({
                 "pos": used,
                 "anchor": int(anchor),
                 "drafts": [int(x) for x in lg.argmax(axis=1)],
                 "head": heads[-1][0].double().numpy().tolist(),
                 "margin": [float(a - b) for a, b in top2],
+                "top2": order.tolist(),
                 "logit_scale": float(np.abs(lg).max()),
             })
     hook.remove()

@@ -14,11 +14,11 @@
 
 static void usage(FILE *f) {
     fprintf(
-        f,
-        "usage: flashmap synth drafter -m TARGET.gguf -o OUT.safetensors [--dim 2048] [--layers 6]\n"
-        "         [--heads 16] [--head-dim 128] [--ffn 8192] [--captures 5 | --target-layers 1,9,17,25,33]\n"
-        "         [--block 16] [--cond 256] [--time-dim 256] [--seed N] [--type bf16|f16|f32]\n"
-        "Writes a random drafter with the FlashMap tensor names and shapes, and config.json beside it.\n");
+        f, "usage: flashmap synth drafter -m TARGET.gguf -o OUT.safetensors [--dim 2048] [--layers 6]\n"
+           "         [--heads 16] [--head-dim dim/heads] [--ffn 8192] [--captures 5 | --target-layers "
+           "1,9,17,25,33]\n"
+           "         [--block 16] [--cond 256] [--time-dim 256] [--seed N] [--type bf16|f16|f32]\n"
+           "Writes a random drafter with the FlashMap tensor names and shapes, and config.json beside it.\n");
 }
 
 static int parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
@@ -94,7 +94,7 @@ int cmd_synth_drafter(int argc, char **argv) {
                                  .seed = 1,
                                  .dtype = FM_DTYPE_BF16};
     const char *model = NULL, *out = NULL;
-    int i = 1;
+    int i = 1, head_dim_given = 0;
     if (argc > 1 && !strcmp(argv[1], "drafter")) i = 2; /* called as `synth drafter ...` or `drafter ...` */
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -120,7 +120,7 @@ int cmd_synth_drafter(int argc, char **argv) {
         else if (!strcmp(a, "--heads"))
             bad = parse_long(a, v, 1, 1024, &x), p.n_heads = (int)x;
         else if (!strcmp(a, "--head-dim"))
-            bad = parse_long(a, v, 2, 1024, &x), p.head_dim = (int)x;
+            bad = parse_long(a, v, 2, 1024, &x), p.head_dim = (int)x, head_dim_given = 1;
         else if (!strcmp(a, "--ffn"))
             bad = parse_long(a, v, 1, 1 << 20, &x), p.ffn = (int)x;
         else if (!strcmp(a, "--captures"))
@@ -151,6 +151,7 @@ int cmd_synth_drafter(int argc, char **argv) {
         fprintf(stderr, "flashmap synth drafter: -m TARGET.gguf and -o OUT.safetensors are required\n");
         return 2;
     }
+    if (!head_dim_given && p.n_heads > 0 && p.dim % p.n_heads == 0) p.head_dim = p.dim / p.n_heads;
     if (p.n_heads * p.head_dim != p.dim) {
         fprintf(stderr, "flashmap synth drafter: --heads %d x --head-dim %d must equal --dim %d\n", p.n_heads,
                 p.head_dim, p.dim);
