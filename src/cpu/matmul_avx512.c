@@ -228,35 +228,37 @@ FM_INLINE __m256i q8_dot(__m256i wq, __m256i xq) {
 
 /* T = 1: one row (a sequential stream), 4 blocks per step folded by vphaddd into [b0..b3 | b0..b3], so the
  * f32 convert/scale/FMA run once per 4 blocks (as in the AVX2 kernel). */
-FM_INLINE void q8_row_t1(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r) {
-    const int64_t nb = w->cols / FM_QK8_0;
+FM_INLINE void q8_row_t1(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
+                         int t) {
+    const int64_t nb = w->cols / FM_QK8_0, T = a->T;
     const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-    const fm_block_q8_0 *xb = a->xq;
-    const float *xd = a->xd;
+    const fm_block_q8_0 *xb = a->xq + t; /* block b of token t: xb[b * T] */
+    const float *xd = a->xd + t;
     __m256 acc = _mm256_setzero_ps();
     int64_t b = 0;
-    for (; b + 4 <= nb; b += 4, wb += 4, xb += 4, xd += 4) {
+    for (; b + 4 <= nb; b += 4, wb += 4, xb += 4 * T, xd += 4 * T) {
         _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
         _mm_prefetch((const char *)wb + 1024 + 64, _MM_HINT_T0);
         __m256i p[4];
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++)
             p[u] = q8_dot(_mm256_loadu_si256((const __m256i *)wb[u].qs),
-                          _mm256_loadu_si256((const __m256i *)xb[u].qs));
+                          _mm256_loadu_si256((const __m256i *)xb[u * T].qs));
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
         const __m128 dw = _mm_cvtph_ps(
             _mm_setr_epi16((short)wb[0].d, (short)wb[1].d, (short)wb[2].d, (short)wb[3].d, 0, 0, 0, 0));
-        const __m128 s4 = _mm_mul_ps(dw, _mm_loadu_ps(xd));
+        const __m128 dx = T == 1 ? _mm_loadu_ps(xd) : _mm_setr_ps(xd[0], xd[T], xd[2 * T], xd[3 * T]);
+        const __m128 s4 = _mm_mul_ps(dw, dx);
         const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc);
     }
     float sum = hsum256(acc);
-    for (; b < nb; b++, wb++, xb++, xd++) {
+    for (; b < nb; b++, wb++, xb += T, xd += T) {
         const __m256i p =
             q8_dot(_mm256_loadu_si256((const __m256i *)wb->qs), _mm256_loadu_si256((const __m256i *)xb->qs));
         sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(_cvtsh_ss(wb->d) * xd[0])));
     }
-    store_out(w, y, bias, r, 0, sum);
+    store_out(w, y, bias, r, t, sum);
 }
 
 /* T >= 3: one row x G groups of 4 tokens, the 4 tokens' int32 lanes folded by vphaddd (see the AVX2 file). */
@@ -297,7 +299,7 @@ void fm_mm_q8_0_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, co
                             int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
         if (a->T == 1) {
-            q8_row_t1(w, a, y, bias, r);
+            q8_row_t1(w, a, y, bias, r, 0);
             continue;
         }
         if (a->T == 2) {
@@ -328,7 +330,7 @@ void fm_mm_q8_0_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, co
             q8_tile(w, a, y, bias, r, t, 1, 2);
             break;
         case 1:
-            q8_tile(w, a, y, bias, r, t, 1, 1);
+            q8_row_t1(w, a, y, bias, r, t); /* e.g. the 17th token of a verify block */
             break;
         default:
             break;
