@@ -1,0 +1,423 @@
+/* qwen3_synth.c: random-weight Qwen3 models (see qwen3_synth.h).
+ *
+ * Tensors, as llama.cpp names and shapes them (ggml order: ne[0] = columns = input dimension):
+ *   token_embd.weight [dim, vocab]        output.weight [dim, vocab] (untied only)   output_norm.weight [dim]
+ *   blk.N.attn_norm [dim]  attn_q [dim, H*hd]  attn_k, attn_v [dim, KV*hd]  attn_output [H*hd, dim]
+ *   blk.N.attn_q_norm, attn_k_norm [hd]  ffn_norm [dim]  ffn_gate, ffn_up [dim, ffn]  ffn_down [ffn, dim]
+ *
+ * Initialisation (x below has mean 0, std 1: a sum of two 16-bit uniforms, triangular, range +-2.45):
+ *   - projections reading the residual stream (q, k, v, gate, up): x / sqrt(fan_in), so their outputs have
+ *     about unit RMS (their inputs are RMS-normalised);
+ *   - projections writing to it (attn_output, ffn_down): the same divided by sqrt(2 * n_layers), so the
+ *     stream grows to O(1) RMS over all layers instead of exploding (activations stay finite at 36 layers);
+ *   - norm weights: 1 + 0.05 x;
+ *   - token table and output rows: x / sqrt(dim) times a per-row factor exp(0.5 z), z a four-uniform sum
+ *     of std 1. Logits then have a moderate scale (std ~ the row factor), and rows of distinct norms widen
+ *     the gap between the best and second-best token (a numpy study with random hidden states gave a median
+ *     top-2 gap of 0.9 logit std instead of 0.19 with equal norms), so greedy decisions are rarely near-ties
+ *     that rounding differences between kernels could flip. The embedding being small next to the block
+ *     outputs also keeps a tied model from simply predicting its input token again.
+ * Every value is hash(seed, tensor name, element index): a pure function, so any split over threads gives the
+ * same file. Q8_0 tensors are those f32 values quantised per 32-block as ggml's quantize_row_q8_0_ref. */
+#include "model/qwen3_synth.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "io/gguf.h"
+#include "tokenizer/tokenizer_meta.h"
+
+#define SYNTH_MAX_SIZE (1 << 24) /* any single dimension */
+#define SYNTH_MAX_LAYERS 4096
+#define SYNTH_NORM_JITTER 0.05f
+#define SYNTH_ROW_SPREAD 0.5 /* log-std of the token-row norm factors */
+/* Qwen2/Qwen3 tokenizers have 151643 base tokens plus up to a few hundred specials; their models use this. */
+#define QWEN_VOCAB_BASE 151643
+#define QWEN_VOCAB_PADDED 151936
+
+int qwen3_synth_preset(const char *name, qwen3_synth_params *p) {
+    memset(p, 0, sizeof *p);
+    p->seed = 1234;
+    p->rope_theta = 1000000.0f;
+    p->rms_eps = 1e-6f;
+    if (!strcmp(name, "tiny")) {
+        p->n_layers = 2, p->dim = 64, p->n_heads = 4, p->n_kv_heads = 2, p->head_dim = 16, p->ffn = 128;
+        p->vocab = 0, p->wtype = FM_DTYPE_F32, p->tied = 0, p->context_length = 2048;
+        return 0;
+    }
+    if (!strcmp(name, "qwen3-4b")) { /* Qwen/Qwen3-4B config.json */
+        p->n_layers = 36, p->dim = 2560, p->n_heads = 32, p->n_kv_heads = 8, p->head_dim = 128, p->ffn = 9728;
+        p->vocab = QWEN_VOCAB_PADDED, p->wtype = FM_DTYPE_Q8_0, p->tied = 1, p->context_length = 40960;
+        return 0;
+    }
+    return -1;
+}
+
+int qwen3_synth_default_vocab(int n_tokens) {
+    if (n_tokens >= QWEN_VOCAB_BASE && n_tokens <= QWEN_VOCAB_PADDED) return QWEN_VOCAB_PADDED;
+    return (n_tokens + 127) / 128 * 128;
+}
+
+static int check_size(const char *what, int v, int max, char *err, size_t errlen) {
+    if (v < 1 || v > max)
+        return fm_set_error(err, errlen, "synth: %s = %d is out of range (1..%d)", what, v, max);
+    return 0;
+}
+
+int qwen3_synth_validate(const qwen3_synth_params *p, char *err, size_t errlen) {
+    if (check_size("layers", p->n_layers, SYNTH_MAX_LAYERS, err, errlen) ||
+        check_size("dim", p->dim, SYNTH_MAX_SIZE, err, errlen) ||
+        check_size("heads", p->n_heads, SYNTH_MAX_SIZE, err, errlen) ||
+        check_size("kv-heads", p->n_kv_heads, SYNTH_MAX_SIZE, err, errlen) ||
+        check_size("head-dim", p->head_dim, SYNTH_MAX_SIZE, err, errlen) ||
+        check_size("ffn", p->ffn, SYNTH_MAX_SIZE, err, errlen) ||
+        check_size("ctx", p->context_length, INT32_MAX, err, errlen))
+        return -1;
+    if (p->vocab != 0 && check_size("vocab", p->vocab, SYNTH_MAX_SIZE, err, errlen)) return -1;
+    if ((unsigned)p->wtype >= FM_DTYPE_COUNT) return fm_set_error(err, errlen, "synth: invalid weight type");
+    if (p->n_heads % p->n_kv_heads)
+        return fm_set_error(err, errlen, "synth: heads (%d) must be a multiple of kv-heads (%d)", p->n_heads,
+                            p->n_kv_heads);
+    if (p->head_dim % 2)
+        return fm_set_error(err, errlen, "synth: head-dim %d must be even (RoPE rotates pairs)", p->head_dim);
+    if ((int64_t)p->n_heads * p->head_dim > SYNTH_MAX_SIZE)
+        return fm_set_error(err, errlen, "synth: heads * head-dim = %lld is too large",
+                            (long long)p->n_heads * p->head_dim);
+    int be = fm_dtype_block_elems(p->wtype);
+    const struct {
+        const char *what;
+        int64_t n;
+    } inputs[] = {{"dim", p->dim}, {"heads * head-dim", (int64_t)p->n_heads * p->head_dim}, {"ffn", p->ffn}};
+    for (int i = 0; i < 3; i++)
+        if (inputs[i].n % be)
+            return fm_set_error(err, errlen, "synth: %s = %lld must be a multiple of %d for %s weights",
+                                inputs[i].what, (long long)inputs[i].n, be, fm_dtype_name(p->wtype));
+    if (!(p->rope_theta > 0) || !(p->rms_eps > 0))
+        return fm_set_error(err, errlen, "synth: rope theta and rms eps must be positive");
+    return 0;
+}
+
+int qwen3_synth_tokenizer_size(const char *tokenizer_json, int *n_tokens, char *err, size_t errlen) {
+    if (!tokenizer_json) {
+        *n_tokens = fm_tokenizer_builtin_n_tokens();
+        return *n_tokens > 0 ? 0 : fm_set_error(err, errlen, "synth: builtin tokenizer: out of memory");
+    }
+    FILE *fp = fopen(tokenizer_json, "rb");
+    if (!fp) return fm_set_error(err, errlen, "%s: cannot open", tokenizer_json);
+    char *text = NULL;
+    long len = -1;
+    if (fseek(fp, 0, SEEK_END) == 0 && (len = ftell(fp)) >= 0 && fseek(fp, 0, SEEK_SET) == 0 &&
+        (text = malloc((size_t)len + 1)) && fread(text, 1, (size_t)len, fp) == (size_t)len) {
+        text[len] = 0;
+    } else {
+        free(text);
+        text = NULL;
+    }
+    fclose(fp);
+    if (!text) return fm_set_error(err, errlen, "%s: cannot read", tokenizer_json);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) return fm_set_error(err, errlen, "%s: not valid JSON", tokenizer_json);
+    /* largest id + 1 over model.vocab and added_tokens, the same rule the tokenizer metadata writer uses */
+    const cJSON *vocab =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "model"), "vocab");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), *it;
+    double n = 0;
+    cJSON_ArrayForEach(it, vocab) if (cJSON_IsNumber(it) && it->valuedouble + 1 > n) n = it->valuedouble + 1;
+    cJSON_ArrayForEach(it, added) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+        if (cJSON_IsNumber(id) && id->valuedouble + 1 > n) n = id->valuedouble + 1;
+    }
+    int has_vocab = cJSON_IsObject(vocab);
+    cJSON_Delete(root);
+    if (!has_vocab || n < 1 || n > SYNTH_MAX_SIZE)
+        return fm_set_error(err, errlen, "%s: no usable model.vocab (token count %.0f)", tokenizer_json, n);
+    *n_tokens = (int)n;
+    return 0;
+}
+
+/* ---- the generator ---- */
+
+static uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+#define GOLDEN 0x9e3779b97f4a7c15ull
+
+/* Mean 0, std 1: the sum of the four 16-bit lanes of h (exact in float: at most 262140). */
+static inline float irwin_hall4(uint64_t h) {
+    uint32_t s = (uint32_t)(h & 0xffff) + (uint32_t)((h >> 16) & 0xffff) + (uint32_t)((h >> 32) & 0xffff) +
+                 (uint32_t)(h >> 48);
+    return ((float)s - 131070.0f) * (1.0f / 37837.23f); /* 37837.23 = 65536 / sqrt(3) */
+}
+
+static uint64_t name_key(uint64_t seed, const char *name) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the name, mixed with the seed */
+    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    return mix64(seed ^ mix64(h));
+}
+
+typedef enum { KIND_MATRIX, KIND_TOKENS, KIND_NORM } synth_kind;
+
+typedef struct synth_shared synth_shared;
+
+typedef struct {
+    char name[64];
+    synth_kind kind;
+    int64_t rows, cols; /* ne[1] (rows) x ne[0] (cols) */
+    float scale;        /* KIND_MATRIX / KIND_TOKENS */
+    uint64_t key;
+    fm_dtype dtype;
+    synth_shared *sh;
+    int index;
+} synth_tensor;
+
+struct synth_shared {
+    fm_pool *pool;
+    float *rows; /* [pool size][max_cols]: one row of f32 values per worker */
+    int64_t max_cols;
+    const qwen3_synth_params *p;
+    int n_tensors;
+    uint64_t bytes_done, bytes_total;
+};
+
+static float row_factor(const synth_tensor *t, int64_t row) {
+    if (t->kind != KIND_TOKENS) return 1.0f;
+    return (float)exp(SYNTH_ROW_SPREAD * irwin_hall4(mix64(t->key ^ GOLDEN ^ mix64((uint64_t)row))));
+}
+
+/* Mean 0, std 1: the sum of the two 16-bit halves of a 32-bit word (a triangular distribution, range
+ * +-2.45; exact in float). */
+static inline float triangular(uint32_t w) {
+    return ((float)((w & 0xffff) + (w >> 16)) - 65535.0f) * (1.0f / 26754.9f); /* 26754.9 = 65536 / sqrt(6) */
+}
+
+/* Row `row` as f32 values [cols]. Element index i = row * cols + col draws on half of hash(key, i / 2), so
+ * one 64-bit hash serves two values (generation is about twice as fast as one hash per value). */
+static void gen_row(const synth_tensor *t, int64_t row, float *out) {
+    const uint64_t first = (uint64_t)row * (uint64_t)t->cols;
+    const float s = t->kind == KIND_NORM ? SYNTH_NORM_JITTER : t->scale * row_factor(t, row);
+    const float add = t->kind == KIND_NORM ? 1.0f : 0.0f;
+    uint64_t h = mix64(t->key + (first >> 1) * GOLDEN);
+    for (int64_t c = 0; c < t->cols; c++) {
+        const uint64_t i = first + (uint64_t)c;
+        if (!(i & 1) && c) h = mix64(t->key + (i >> 1) * GOLDEN);
+        out[c] = add + s * triangular((i & 1) ? (uint32_t)(h >> 32) : (uint32_t)h);
+    }
+}
+
+/* roundf (halves away from zero) for |x| < 2^23, without the libm call that made Q8_0 generation 3x slower:
+ * x minus its truncation is exact in that range, so the comparison with 0.5 decides as roundf does. */
+static inline int round_half_away(float x) {
+    int q = (int)x;
+    float f = x - (float)q;
+    return q + (f >= 0.5f) - (f <= -0.5f);
+}
+
+void qwen3_synth_quantize_q8_0(const float *x, fm_block_q8_0 *y, int64_t n) {
+    for (int64_t b = 0; b < n / FM_QK8_0; b++, x += FM_QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < FM_QK8_0; j++) {
+            const float v = fabsf(x[j]);
+            amax = amax > v ? amax : v; /* ggml's MAX(amax, fabsf(v)) */
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = fm_f32_to_f16(d);
+        for (int j = 0; j < FM_QK8_0; j++) y[b].qs[j] = (int8_t)round_half_away(x[j] * id);
+    }
+}
+
+typedef struct {
+    const synth_tensor *t;
+    uint8_t *dst;
+    size_t row_bytes;
+} fill_job;
+
+static void fill_rows(void *ctx, int64_t begin, int64_t end, int thread) {
+    const fill_job *j = ctx;
+    const synth_tensor *t = j->t;
+    float *row = t->sh->rows + (size_t)thread * (size_t)t->sh->max_cols; /* [cols] */
+    for (int64_t r = begin; r < end; r++) {
+        uint8_t *dst = j->dst + (size_t)r * j->row_bytes;
+        gen_row(t, r, row);
+        switch (t->dtype) {
+        case FM_DTYPE_F32:
+            memcpy(dst, row, (size_t)t->cols * 4);
+            break;
+        case FM_DTYPE_F16:
+            for (int64_t c = 0; c < t->cols; c++) {
+                uint16_t h = fm_f32_to_f16(row[c]);
+                memcpy(dst + 2 * c, &h, 2);
+            }
+            break;
+        case FM_DTYPE_BF16:
+            for (int64_t c = 0; c < t->cols; c++) {
+                uint16_t h = fm_f32_to_bf16(row[c]);
+                memcpy(dst + 2 * c, &h, 2);
+            }
+            break;
+        case FM_DTYPE_Q8_0:
+            qwen3_synth_quantize_q8_0(row, (fm_block_q8_0 *)dst, t->cols);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static void fill_tensor(void *ctx, void *dst, size_t size) {
+    const synth_tensor *t = ctx;
+    synth_shared *sh = t->sh;
+    fill_job j = {t, dst, fm_dtype_row_bytes(t->dtype, t->cols)};
+    int64_t grain = 65536 / t->cols + 1; /* rows per task: at least ~64K values */
+    fm_pool_for(sh->pool, t->rows, grain, fill_rows, &j);
+    sh->bytes_done += size;
+    if (sh->p->progress)
+        sh->p->progress(sh->p->progress_ctx, t->index + 1, sh->n_tensors, sh->bytes_done, sh->bytes_total);
+}
+
+/* The spec of every tensor, in file order. Returns the count (<= cap). */
+static int build_specs(const qwen3_synth_params *p, synth_tensor *ts, int cap) {
+    int n = 0;
+    const int64_t dim = p->dim, q_dim = (int64_t)p->n_heads * p->head_dim,
+                  kv_dim = (int64_t)p->n_kv_heads * p->head_dim;
+    const float resid = 1.0f / sqrtf(2.0f * (float)p->n_layers);
+#define ADD(kind_, rows_, cols_, scale_, ...)                                                                \
+    do {                                                                                                     \
+        if (n < cap) {                                                                                       \
+            synth_tensor *t = &ts[n];                                                                        \
+            memset(t, 0, sizeof *t);                                                                         \
+            snprintf(t->name, sizeof t->name, __VA_ARGS__);                                                  \
+            t->kind = kind_, t->rows = rows_, t->cols = cols_, t->scale = scale_;                            \
+            t->dtype = kind_ == KIND_NORM ? FM_DTYPE_F32 : p->wtype;                                         \
+            t->key = name_key(p->seed, t->name);                                                             \
+            t->index = n;                                                                                    \
+        }                                                                                                    \
+        n++;                                                                                                 \
+    } while (0)
+    ADD(KIND_TOKENS, p->vocab, dim, 1.0f / sqrtf((float)dim), "token_embd.weight");
+    for (int l = 0; l < p->n_layers; l++) {
+        ADD(KIND_NORM, 1, dim, 0, "blk.%d.attn_norm.weight", l);
+        ADD(KIND_MATRIX, q_dim, dim, 1.0f / sqrtf((float)dim), "blk.%d.attn_q.weight", l);
+        ADD(KIND_MATRIX, kv_dim, dim, 1.0f / sqrtf((float)dim), "blk.%d.attn_k.weight", l);
+        ADD(KIND_MATRIX, kv_dim, dim, 1.0f / sqrtf((float)dim), "blk.%d.attn_v.weight", l);
+        ADD(KIND_MATRIX, dim, q_dim, resid / sqrtf((float)q_dim), "blk.%d.attn_output.weight", l);
+        ADD(KIND_NORM, 1, p->head_dim, 0, "blk.%d.attn_q_norm.weight", l);
+        ADD(KIND_NORM, 1, p->head_dim, 0, "blk.%d.attn_k_norm.weight", l);
+        ADD(KIND_NORM, 1, dim, 0, "blk.%d.ffn_norm.weight", l);
+        ADD(KIND_MATRIX, p->ffn, dim, 1.0f / sqrtf((float)dim), "blk.%d.ffn_gate.weight", l);
+        ADD(KIND_MATRIX, p->ffn, dim, 1.0f / sqrtf((float)dim), "blk.%d.ffn_up.weight", l);
+        ADD(KIND_MATRIX, dim, p->ffn, resid / sqrtf((float)p->ffn), "blk.%d.ffn_down.weight", l);
+    }
+    ADD(KIND_NORM, 1, dim, 0, "output_norm.weight");
+    if (!p->tied) ADD(KIND_TOKENS, p->vocab, dim, 1.0f / sqrtf((float)dim), "output.weight");
+#undef ADD
+    return n;
+}
+
+float qwen3_synth_value(const qwen3_synth_params *p, const char *tensor, int64_t row, int64_t col) {
+    qwen3_synth_params q = *p;
+    if (q.vocab == 0) q.vocab = 1; /* shapes other than the row count do not depend on it */
+    int cap = 11 * q.n_layers + 3;
+    synth_tensor *ts = malloc((size_t)cap * sizeof *ts);
+    float v = NAN;
+    if (!ts) return v;
+    int n = build_specs(&q, ts, cap);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(ts[i].name, tensor) == 0 && col >= 0 && col < ts[i].cols && row >= 0) {
+            float *r = malloc((size_t)ts[i].cols * sizeof *r);
+            if (r) {
+                gen_row(&ts[i], row, r);
+                v = r[col];
+            }
+            free(r);
+            break;
+        }
+    }
+    free(ts);
+    return v;
+}
+
+static uint32_t file_type(fm_dtype t) { /* llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0 */
+    switch (t) {
+    case FM_DTYPE_F16:
+        return 1;
+    case FM_DTYPE_BF16:
+        return 32;
+    case FM_DTYPE_Q8_0:
+        return 7;
+    default:
+        return 0;
+    }
+}
+
+int qwen3_synth_write(const qwen3_synth_params *p_in, const char *path, char *err, size_t errlen) {
+    qwen3_synth_params p = *p_in;
+    if (qwen3_synth_validate(&p, err, errlen)) return -1;
+    int n_tok;
+    if (qwen3_synth_tokenizer_size(p.tokenizer_json, &n_tok, err, errlen)) return -1;
+    if (p.vocab == 0) p.vocab = qwen3_synth_default_vocab(n_tok);
+    if (p.vocab < n_tok)
+        return fm_set_error(err, errlen, "synth: vocab %d is smaller than the tokenizer's %d tokens", p.vocab,
+                            n_tok);
+
+    gguf_writer *w = gguf_writer_create();
+    int cap = 11 * p.n_layers + 3;
+    synth_tensor *ts = calloc((size_t)cap, sizeof *ts);
+    if (!w || !ts) {
+        gguf_writer_free(w);
+        free(ts);
+        return fm_set_error(err, errlen, "%s: out of memory", path);
+    }
+    gguf_writer_set_str(w, "general.architecture", "qwen3");
+    gguf_writer_set_str(w, "general.name", "flashmap synthetic qwen3");
+    gguf_writer_set_u32(w, "general.file_type", file_type(p.wtype));
+    gguf_writer_set_u32(w, "general.quantization_version", 2);
+    gguf_writer_set_u32(w, "qwen3.block_count", (uint32_t)p.n_layers);
+    gguf_writer_set_u32(w, "qwen3.context_length", (uint32_t)p.context_length);
+    gguf_writer_set_u32(w, "qwen3.embedding_length", (uint32_t)p.dim);
+    gguf_writer_set_u32(w, "qwen3.feed_forward_length", (uint32_t)p.ffn);
+    gguf_writer_set_u32(w, "qwen3.attention.head_count", (uint32_t)p.n_heads);
+    gguf_writer_set_u32(w, "qwen3.attention.head_count_kv", (uint32_t)p.n_kv_heads);
+    gguf_writer_set_u32(w, "qwen3.attention.key_length", (uint32_t)p.head_dim);
+    gguf_writer_set_u32(w, "qwen3.attention.value_length", (uint32_t)p.head_dim);
+    gguf_writer_set_f32(w, "qwen3.rope.freq_base", p.rope_theta);
+    gguf_writer_set_f32(w, "qwen3.attention.layer_norm_rms_epsilon", p.rms_eps);
+    gguf_writer_set_val(w, "flashmap.synth.seed", GGUF_TYPE_UINT64, &p.seed);
+    int rc = fm_tokenizer_write_gguf_metadata(w, p.tokenizer_json, p.vocab, err, errlen);
+
+    synth_shared sh = {0};
+    sh.p = &p;
+    int n = rc ? 0 : build_specs(&p, ts, cap);
+    sh.n_tensors = n;
+    for (int i = 0; i < n && rc == 0; i++) {
+        synth_tensor *t = &ts[i];
+        t->sh = &sh;
+        int64_t ne[2] = {t->cols, t->rows};
+        rc = gguf_writer_add_tensor_fn(w, t->name, t->kind == KIND_NORM ? 1 : 2, ne, t->dtype, fill_tensor, t,
+                                       err, errlen);
+        sh.bytes_total += (uint64_t)fm_dtype_row_bytes(t->dtype, t->cols) * (uint64_t)t->rows;
+    }
+    for (int i = 0; i < n; i++)
+        if (ts[i].cols > sh.max_cols) sh.max_cols = ts[i].cols;
+    if (rc == 0) {
+        sh.pool = fm_pool_create(p.n_threads);
+        int n_workers = sh.pool ? fm_pool_size(sh.pool) : 1;
+        sh.rows = malloc((size_t)n_workers * (size_t)sh.max_cols * sizeof *sh.rows);
+        rc = sh.rows ? gguf_writer_write(w, path, err, errlen)
+                     : fm_set_error(err, errlen, "%s: out of memory", path);
+        free(sh.rows);
+        fm_pool_free(sh.pool);
+    }
+    gguf_writer_free(w);
+    free(ts);
+    return rc;
+}

@@ -1,0 +1,60 @@
+/* qwen3_synth.h: writes random-weight Qwen3 dense models as GGUF, with the tensor names, shapes and metadata
+ * keys of llama.cpp's Qwen3 GGUFs (so llama.cpp can run them too), and tokenizer metadata from a Hugging Face
+ * tokenizer.json or a small builtin byte-level vocabulary.
+ * Weights are a pure function of (seed, tensor name, element index) through a counter-based hash, so a model
+ * is identical whatever the thread count, and multi-GB models are generated tensor by tensor while writing.
+ */
+#ifndef FM_MODEL_QWEN3_SYNTH_H
+#define FM_MODEL_QWEN3_SYNTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+
+typedef struct {
+    int n_layers;   /* qwen3.block_count */
+    int dim;        /* qwen3.embedding_length */
+    int n_heads;    /* qwen3.attention.head_count */
+    int n_kv_heads; /* qwen3.attention.head_count_kv; divides n_heads */
+    int head_dim;   /* qwen3.attention.key_length = value_length; even (RoPE pairs) */
+    int ffn;        /* qwen3.feed_forward_length */
+    int vocab;      /* rows of token_embd; 0 = qwen3_synth_default_vocab(tokenizer's token count) */
+    fm_dtype wtype; /* matrices (token_embd and output included); norms are always f32 */
+    int tied;       /* 1: no output.weight, the token table is the lm_head (as Qwen3-4B) */
+    uint64_t seed;
+    float rope_theta;           /* qwen3.rope.freq_base */
+    float rms_eps;              /* qwen3.attention.layer_norm_rms_epsilon */
+    int context_length;         /* qwen3.context_length */
+    const char *tokenizer_json; /* HF tokenizer.json, or NULL for the builtin byte-level vocabulary */
+    int n_threads;              /* generation threads; <= 0: one per core */
+    /* Optional progress report, called after each tensor from the writing thread. */
+    void (*progress)(void *ctx, int tensor, int n_tensors, uint64_t bytes_done, uint64_t bytes_total);
+    void *progress_ctx;
+} qwen3_synth_params;
+
+/* Presets: "tiny" (2 layers, dim 64, 4/2 heads of 16, ffn 128, f32, untied, builtin vocab) and "qwen3-4b"
+ * (36 layers, 2560, 32/8 heads of 128, ffn 9728, vocab 151936, q8_0, tied). -1 for an unknown name. */
+int qwen3_synth_preset(const char *name, qwen3_synth_params *p);
+
+/* Checks the shape: positive sizes, n_heads % n_kv_heads, even head_dim, Q8_0 input dimensions (dim,
+ * n_heads*head_dim, ffn) multiples of 32, sizes that fit. One line naming the first bad field. */
+int qwen3_synth_validate(const qwen3_synth_params *p, char *err, size_t errlen);
+
+/* Tokens of the tokenizer (largest id + 1 over model.vocab and added_tokens; the builtin vocabulary when
+ * tokenizer_json is NULL). */
+int qwen3_synth_tokenizer_size(const char *tokenizer_json, int *n_tokens, char *err, size_t errlen);
+
+/* The embedding row count Qwen would use for n_tokens: 151936 for the Qwen2/Qwen3 tokenizers (151643..151936
+ * tokens), else n_tokens rounded up to a multiple of 128. */
+int qwen3_synth_default_vocab(int n_tokens);
+
+/* Writes the model to path (temporary file + rename). p->vocab == 0 picks the default vocab. */
+int qwen3_synth_write(const qwen3_synth_params *p, const char *path, char *err, size_t errlen);
+
+/* The generator, exposed for tests: element i of the named tensor as the f32 value before any rounding to the
+ * tensor's type, and a whole row quantised as ggml's quantize_row_q8_0_ref does (n % 32 == 0). */
+float qwen3_synth_value(const qwen3_synth_params *p, const char *tensor, int64_t row, int64_t col);
+void qwen3_synth_quantize_q8_0(const float *x, fm_block_q8_0 *y, int64_t n);
+
+#endif
