@@ -17,7 +17,10 @@ void fm_pool_free(fm_pool *pool);
 int fm_pool_size(const fm_pool *pool);
 
 /* Splits [0, n) into contiguous ranges of at least `grain` items, one range per worker at most, and runs
- * fn on them; returns when all are done. A NULL pool runs fn(ctx, 0, n, 0) on the caller. */
+ * fn on them; returns when all are done. A NULL pool runs fn(ctx, 0, n, 0) on the caller.
+ * Runs serially as fn(ctx, 0, n, self) when n < 2 * grain, when called from inside a job (self = the index of
+ * the worker making the call, so per-worker scratch stays private), or while another thread's job holds the
+ * pool (self = 0: such a caller must not share per-worker scratch with the pool's jobs). */
 void fm_pool_for(fm_pool *pool, int64_t n, int64_t grain, fm_task_fn fn, void *ctx);
 
 #endif
