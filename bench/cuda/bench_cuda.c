@@ -1,0 +1,208 @@
+/* bench_cuda.c: the CUDA backend on the full-size synthetic pair (Qwen3-4B-shaped Q8_0 target, FlashMap-
+ * Qwen3-4B-shaped BF16 drafter), synthesized into WORKDIR on first use. Reports device-to-device copy
+ * bandwidth, plain decode tok/s and its share of the roofline (weights + KV bytes per step / copy bandwidth),
+ * verify(8), verify(17) and draft time relative to a step, and end-to-end tok/s at simulated acceptance.
+ * usage: bench_cuda WORKDIR [prompt_len=512] [new_tokens=256] */
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_debug.h"
+#include "decode/speculative.h"
+#include "model/qwen3_synth.h"
+#include "../../tests/cuda/cuda_harness.h"
+
+static int never(const void *c, int32_t id) {
+    (void)c, (void)id;
+    return 0;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, n, sizeof *v, cmp_d);
+    return v[n / 2];
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return fprintf(stderr, "usage: bench_cuda WORKDIR [prompt_len] [new_tokens]\n"), 2;
+    const int NP = argc > 2 ? atoi(argv[2]) : 512, NEW = argc > 3 ? atoi(argv[3]) : 256;
+    char err[512] = "", tpath[512], ddir[512], dpath[600];
+    snprintf(tpath, sizeof tpath, "%s/qwen3-4b-q8_0.gguf", argv[1]);
+    snprintf(ddir, sizeof ddir, "%s/drafter", argv[1]);
+    snprintf(dpath, sizeof dpath, "%s/model.safetensors", ddir);
+    mkdir(ddir, 0755);
+    struct stat sb;
+    double t0 = hx_now();
+    if (stat(tpath, &sb)) {
+        qwen3_synth_params sp;
+        qwen3_synth_preset("qwen3-4b", &sp);
+        sp.n_threads = 16;
+        if (qwen3_synth_write(&sp, tpath, err, sizeof err)) return fprintf(stderr, "synth: %s\n", err), 1;
+        printf("synthesized target in %.1f s\n", hx_now() - t0);
+    }
+    qwen3_model *m = NULL;
+    if (qwen3_model_load(tpath, &m, err, sizeof err)) return fprintf(stderr, "load: %s\n", err), 1;
+    if (stat(dpath, &sb)) {
+        t0 = hx_now();
+        fm_drafter_synth_params dp = {.dim = 2048, .n_layers = 6, .n_heads = 16, .head_dim = 128, .ffn = 8192,
+                                      .block = 16, .cond_dim = 256, .time_dim = 256, .n_capture = 5, .seed = 7,
+                                      .dtype = FM_DTYPE_BF16};
+        if (fm_drafter_synth(&dp, m->hp.dim, m->hp.n_layers, m->hp.vocab, dpath, err, sizeof err))
+            return fprintf(stderr, "synth drafter: %s\n", err), 1;
+        printf("synthesized drafter in %.1f s\n", hx_now() - t0);
+    }
+    const int n_ctx = 2048;
+    fm_drafter *d = NULL;
+    if (fm_drafter_load(dpath, m, NULL, n_ctx, &d, err, sizeof err)) return fprintf(stderr, "drafter: %s\n", err), 1;
+    int ncap = 0;
+    const int *cap = fm_drafter_target_layers(d, &ncap);
+    fm_cuda_backend *gb = NULL;
+    t0 = hx_now();
+    if (fm_cuda_backend_create(m, d, n_ctx, 128, cap, ncap, &gb, err, sizeof err))
+        return fprintf(stderr, "cuda: %s\n", err), 1;
+    printf("upload %.1f s\n", hx_now() - t0);
+    char name[256];
+    fm_cuda_debug_device_name(name, sizeof name);
+    const double bw = fm_cuda_debug_copy_bandwidth((size_t)1 << 30, 20);
+    fm_decode_backend G = fm_cuda_backend_ops(gb);
+    const int V = m->hp.vocab;
+    int32_t *prompt = malloc(sizeof(int32_t) * (NP + 64));
+    uint64_t r = 99;
+    for (int i = 0; i < NP + 64; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        prompt[i] = (int32_t)((r >> 33) % (uint64_t)V);
+    }
+    /* Prefill (chunks of 128), features committed. */
+    int32_t am[32], next = 0;
+    G.reset(G.ctx);
+    t0 = hx_now();
+    for (int i = 0; i < NP; i += 128) {
+        const int n = NP - i < 128 ? NP - i : 128;
+        if (G.eval(G.ctx, prompt + i, n, 0, i + n >= NP ? &next : NULL, err, sizeof err) ||
+            G.commit_features(G.ctx, n, i, err, sizeof err))
+            return fprintf(stderr, "prefill: %s\n", err), 1;
+    }
+    const double prefill_s = hx_now() - t0;
+    /* Plain steps (graphs on, then off). */
+    enum { STEPS = 128 };
+    double ts[STEPS];
+    for (int graphs = 1; graphs >= 0; graphs--) {
+        fm_cuda_debug_set_graphs(gb, graphs);
+        for (int i = 0; i < 8 + STEPS; i++) {
+            double a = hx_now();
+            int32_t in = next;
+            if (G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err)) return fprintf(stderr, "step: %s\n", err), 1;
+            if (i >= 8) ts[i - 8] = hx_now() - a;
+        }
+        G.rewind(G.ctx, NP);
+        const double step = median(ts, STEPS);
+        if (graphs) {
+            const uint64_t wbytes = fm_cuda_debug_step_bytes(gb);
+            const double kv = 2.0 * 2 * m->hp.n_layers * (NP + 68) * (double)m->hp.n_kv_heads * m->hp.head_dim;
+            printf("RESULT device: %s\n", name);
+            printf("RESULT copy bandwidth (read+write): %.0f GB/s\n", bw);
+            printf("RESULT prefill %d tokens: %.1f ms (%.0f tok/s)\n", NP, prefill_s * 1e3, NP / prefill_s);
+            printf("RESULT plain step (graph): %.3f ms = %.1f tok/s; bytes/step %.3f GB weights + %.3f GB KV; "
+                   "roofline %.1f tok/s; %.1f%% of roofline\n",
+                   step * 1e3, 1 / step, wbytes / 1e9, kv / 1e9, bw * 1e9 / (wbytes + kv),
+                   100.0 * (wbytes + kv) / step / (bw * 1e9));
+            ts[0] = step;
+        } else
+            printf("RESULT plain step (no graph): %.3f ms = %.1f tok/s\n", step * 1e3, 1 / step);
+        if (graphs) ts[STEPS - 1] = step;
+    }
+    fm_cuda_debug_set_graphs(gb, 1);
+    /* Re-measure the graph step for the ratios. */
+    double step_v[32];
+    for (int i = 0; i < 32; i++) {
+        double a = hx_now();
+        int32_t in = next;
+        G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err);
+        step_v[i] = hx_now() - a;
+    }
+    G.rewind(G.ctx, NP);
+    const double step = median(step_v, 32);
+    for (int T = 8; T <= 17; T += 9) {
+        double v[20];
+        for (int i = 0; i < 22; i++) {
+            double a = hx_now();
+            if (G.eval(G.ctx, prompt + NP, T, 1, am, err, sizeof err)) return fprintf(stderr, "verify: %s\n", err), 1;
+            if (i >= 2) v[i - 2] = hx_now() - a;
+            G.rewind(G.ctx, NP);
+        }
+        const double vt = median(v, 20);
+        printf("RESULT verify(%d): %.3f ms = %.2f x step\n", T, vt * 1e3, vt / step);
+    }
+    {
+        double v[20];
+        int32_t out[64];
+        for (int i = 0; i < 22; i++) {
+            double a = hx_now();
+            if (G.draft(G.ctx, next, NP, out, err, sizeof err)) return fprintf(stderr, "draft: %s\n", err), 1;
+            if (i >= 2) v[i - 2] = hx_now() - a;
+        }
+        const double dt = median(v, 20);
+        printf("RESULT draft (block %d): %.3f ms = %.2f x step\n", fm_drafter_block(d), dt * 1e3, dt / step);
+    }
+    /* End to end through the decoding loop. */
+    fm_decode_averages avg;
+    fm_generate_params p;
+    fm_generate_stats st;
+    int32_t *plain = NULL;
+    int n_plain = 0;
+    hx_params(&p, NEW);
+    G.reset(G.ctx);
+    fm_decode_averages_reset(&avg);
+    if (fm_decode_run(&G, &avg, prompt, NP, &p, never, NULL, &plain, &n_plain, &st, err, sizeof err))
+        return fprintf(stderr, "plain: %s\n", err), 1;
+    const double plain_tps = st.n_generated / st.decode_s;
+    printf("RESULT e2e plain: %d tokens, %.1f tok/s\n", st.n_generated, plain_tps);
+    const double means[] = {0, 4, 6.5, 8};
+    const int verifies[] = {7, 16};
+    for (int vi = 0; vi < 2; vi++)
+        for (int mi = 0; mi < 4; mi++) {
+            fm_generate_params ps;
+            hx_params(&ps, NEW);
+            ps.speculative = 1, ps.verify = verifies[vi];
+            ps.sim_future = plain, ps.sim_future_len = n_plain, ps.sim_mean = means[mi], ps.sim_seed = 1;
+            int32_t *ids = NULL;
+            int n = 0;
+            G.reset(G.ctx);
+            fm_decode_averages_reset(&avg);
+            if (fm_decode_run(&G, &avg, prompt, NP, &ps, never, NULL, &ids, &n, &st, err, sizeof err))
+                return fprintf(stderr, "spec: %s\n", err), 1;
+            const int same = n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n);
+            printf("RESULT e2e simulated acceptance %.1f, verify %d: %.1f tok/s = %.2f x plain; %d rounds, "
+                   "%.2f accepted/round; ids %s plain\n",
+                   means[mi], verifies[vi], st.n_generated / st.decode_s, st.n_generated / st.decode_s / plain_tps,
+                   st.rounds, st.rounds ? (double)st.accepted / st.rounds : 0.0, same ? "==" : "!=");
+            free(ids);
+        }
+    {
+        fm_generate_params ps;
+        hx_params(&ps, NEW);
+        ps.speculative = 1, ps.fallback = 1;
+        int32_t *ids = NULL;
+        int n = 0;
+        G.reset(G.ctx);
+        fm_decode_averages_reset(&avg);
+        if (fm_decode_run(&G, &avg, prompt, NP, &ps, never, NULL, &ids, &n, &st, err, sizeof err))
+            return fprintf(stderr, "spec: %s\n", err), 1;
+        printf("RESULT e2e real (random) drafter, adaptive + fallback: %.1f tok/s, %d rounds, %d accepted; ids %s "
+               "plain\n",
+               st.n_generated / st.decode_s, st.rounds, st.accepted,
+               n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n) ? "==" : "!=");
+        free(ids);
+    }
+    free(plain);
+    free(prompt);
+    fm_cuda_backend_free(gb);
+    fm_drafter_free(d);
+    qwen3_model_free(m);
+    return 0;
+}

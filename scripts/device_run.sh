@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# device_run.sh: what runs on the GPU machine: builds the library subset the device harness needs (no CLI, no
+# libcurl: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc come from the
+# carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
+# the full-size benchmark and the PyTorch peer. usage: scripts/device_run.sh [parity|sanitize|bench|peer]...
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+B=${BUILD:-/tmp/fmb}
+OUT=${OUT:-/tmp/out}
+WORK=${WORK:-/tmp/fmwork}
+mkdir -p "$B/obj" "$OUT" "$WORK"
+DEPS="$ROOT/.devdeps"
+CFLAGS="-O2 -std=c17 -D_GNU_SOURCE -Wall -I$ROOT/src -I$ROOT/include -I$DEPS/include"
+ARCH="-gencode=arch=compute_90a,code=sm_90a"
+
+build() {
+  local srcs=() f
+  while IFS= read -r f; do srcs+=("$f"); done < <(find "$ROOT/src" -name '*.c' ! -path '*/cuda/*' \
+      ! -name fetch.c ! -name model_cache.c ! -name engine.c ! -name engine_text.c | sort)
+  compile_c() {
+    local f=$1 o="$B/obj/$(echo "${1#$ROOT/}" | tr / _).o" extra=""
+    case "$f" in
+      *_avx2.c) extra="-mavx2 -mfma -mf16c -mbmi2" ;;
+      *_avx512.c) extra="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -mavx2 -mbmi2" ;;
+    esac
+    gcc $CFLAGS $extra -c "$f" -o "$o" || return 1
+  }
+  export -f compile_c; export B ROOT CFLAGS
+  printf '%s\n' "${srcs[@]}" | xargs -P 16 -I{} bash -c 'compile_c {}' || return 1
+  for f in "$ROOT"/src/cuda/*.cu; do
+    nvcc -std=c++17 -O3 $ARCH -I"$ROOT/src" -I"$ROOT/include" -I"$DEPS/include" -c "$f" \
+      -o "$B/obj/cuda_$(basename "$f").o" & done; wait
+  LIBS="$B/obj/*.o $DEPS/lib/libcjson.so.1 $DEPS/lib/libpcre2-8.a $DEPS/lib/libutf8proc.a -lcudart -lpthread -lm -lstdc++"
+  local CUDA_LIB; CUDA_LIB=$(dirname "$(command -v nvcc)")/../lib64
+  gcc $CFLAGS -I"$ROOT/tests" "$ROOT/tests/cuda/test_cuda_parity.c" $LIBS -L"$CUDA_LIB" -o "$B/test_cuda_parity" || return 1
+  gcc $CFLAGS -I"$ROOT/tests" "$ROOT/bench/cuda/bench_cuda.c" $LIBS -L"$CUDA_LIB" -o "$B/bench_cuda" || return 1
+}
+
+export LD_LIBRARY_PATH="$DEPS/lib:${LD_LIBRARY_PATH:-}"
+t0=$(date +%s)
+# Binaries built on the workstation (same CUDA 13.0) are used when they start here; else build here.
+if [ -x "$DEPS/bin/bench_cuda" ] && "$DEPS/bin/test_cuda_parity" 2>&1 | grep -q usage; then
+  mkdir -p "$B"; cp "$DEPS"/bin/* "$B/"; echo "using the carried binaries"
+else
+  build 2>&1 | tail -30 | tee "$OUT/build.log"
+fi
+[ -x "$B/bench_cuda" ] || { echo "build failed"; exit 1; }
+echo "build done in $(( $(date +%s) - t0 )) s"
+for step in "$@"; do
+  case $step in
+    parity) "$B/test_cuda_parity" "$WORK" 2>&1 | tee "$OUT/parity.log" ;;
+    sanitize) compute-sanitizer --tool memcheck --leak-check no "$B/test_cuda_parity" "$WORK/san" 2>&1 \
+                | tail -25 | tee "$OUT/sanitize.log" ;;
+    bench) "$B/bench_cuda" "$WORK" 2>&1 | tee "$OUT/bench.log" ;;
+    peer) PYTHONUNBUFFERED=1 python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 | tee "$OUT/peer.log" ;;
+  esac
+  echo "== $step done at $(( $(date +%s) - t0 )) s"
+done

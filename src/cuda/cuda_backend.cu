@@ -1,0 +1,697 @@
+/* cuda_backend.cu: fm_decode_backend on an NVIDIA GPU: the Qwen3 target (Q8_0) and the FlashMap drafter
+ * (BF16), with weights, KV caches, features and the drafter's context cache all in device memory.
+ *
+ * A call copies in the token ids (and the position) and copies out only argmax ids. The target's forward for
+ * T rows is one fixed sequence of kernels that read the position from device memory, so an eval of T rows is
+ * captured once as a CUDA graph per (T, output mode) and replayed at any position. The drafter's passes are
+ * launched directly (their shapes change with the position).
+ * Invariants: the KV cache holds positions 0 .. pos-1; feature rows of the last eval wait in `pending` (device)
+ * until the next draft extends the drafter's context with them, as the CPU backend does. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_debug.h"
+#include "cuda/cuda_kernels.cuh"
+#include "drafter/drafter_internal.h"
+
+enum { MODE_NONE = 0, MODE_LAST = 1, MODE_ALL = 2, MAX_GRAPHS = 96, GRAPH_MAX_T = 32, DRAFT_ROWS = 64 };
+
+typedef struct {
+    fmc_q8 qkv, wo, gu, down;
+    float *attn_norm, *q_norm, *k_norm, *ffn_norm;
+} dlayer_t;
+
+typedef struct {
+    fmc_bf16 sqkv, so, cq, ckv, co, fc1, fc2;
+    float *fc1_b, *fc2_b, *sq_norm, *sk_norm, *cq_norm, *ck_norm;
+    __half *kc, *vc; /* [max_ctx][D] */
+} ddlayer_t;
+
+typedef struct {
+    int T, mode;
+    cudaGraphExec_t exec;
+} graph_t;
+
+struct fm_cuda_backend {
+    /* target shape */
+    int n_layers, dim, n_heads, n_kv, hd, ffn, vocab, q_dim, kv_dim;
+    float eps;
+    int n_ctx, max_eval, n_capture, fw, max_splits, rows_cap, maxK;
+    int *cap_slot; /* [n_layers] */
+    int pos;
+    cudaStream_t st;
+    std::vector<void *> *allocs;
+    /* target weights */
+    fmc_q8 tok, out;
+    float *out_norm, *rope;
+    dlayer_t *L;
+    __half *kc, *vc; /* [n_layers][n_ctx][kv_dim] */
+    /* activations, [rows_cap] rows */
+    float *x, *qkv, *q, *att, *gu, *feat, *logits, *part, *xd;
+    int8_t *xq;
+    int32_t *d_ids, *d_argmax;
+    int *d_pos;
+    int32_t *h_ids, *h_argmax; /* pinned */
+    int *h_pos;
+    int last_logit_rows, last_rows;
+    /* graphs */
+    int use_graphs, n_graphs;
+    graph_t graphs[MAX_GRAPHS];
+    /* drafter (has_drafter == 0: none) */
+    int has_drafter;
+    fm_drafter_hparams dhp;
+    int dmax_ctx, dlength;
+    fmc_bf16 fc, anchor_proj, head;
+    float *anchor_b, *head_b, *hidden_norm, *anchor_norm, *mods, *slot_input, *inv_freq;
+    ddlayer_t *DL;
+    float *dx, *dh, *dqkv, *datt, *dy, *du, *dtmp, *dhead, *dlogits;
+    int32_t *dam, *d_anchor;
+    float *pending; /* [pend_cap][fw] */
+    int pend_rows, pend_start, pend_cap;
+};
+
+#define CK(call)                                                                                             \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            snprintf(err, errlen, "cuda: %s failed: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__,   \
+                     __LINE__);                                                                              \
+            return -1;                                                                                       \
+        }                                                                                                    \
+    } while (0)
+
+static int fail(char *err, size_t errlen, const char *msg) {
+    snprintf(err, errlen, "%s", msg);
+    return -1;
+}
+
+static int dalloc(fm_cuda_backend *b, void **p, size_t bytes, char *err, size_t errlen) {
+    *p = NULL;
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cuda: out of device memory for %zu bytes (%s)", bytes, cudaGetErrorString(e));
+        return -1;
+    }
+    b->allocs->push_back(*p);
+    return 0;
+}
+#define DALLOC(ptr, bytes)                                                                                   \
+    do {                                                                                                     \
+        void *p_;                                                                                            \
+        if (dalloc(b, &p_, (bytes), err, errlen)) return -1;                                                 \
+        ptr = (decltype(ptr))p_;                                                                             \
+    } while (0)
+
+static int upload_f32(fm_cuda_backend *b, float **dst, const float *src, size_t n, char *err, size_t errlen) {
+    DALLOC(*dst, n * sizeof(float));
+    CK(cudaMemcpy(*dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* Uploads the Q8_0 matrices parts[0..n) stacked by rows into one split-layout matrix. stage: device scratch
+ * of stage_bytes. */
+static int upload_q8(fm_cuda_backend *b, fmc_q8 *dst, const fm_matrix *const *parts, int n, void *stage,
+                     size_t stage_bytes, const char *what, char *err, size_t errlen) {
+    int64_t N = 0, K = parts[0]->cols;
+    for (int i = 0; i < n; i++) {
+        if (parts[i]->dtype != FM_DTYPE_Q8_0) {
+            snprintf(err, errlen, "cuda: %s is %s; the CUDA backend runs Q8_0 targets only", what,
+                     parts[i]->dtype == FM_DTYPE_F32 ? "f32" : parts[i]->dtype == FM_DTYPE_F16 ? "f16" : "bf16");
+            return -1;
+        }
+        if (parts[i]->cols != K || K % 32) return fail(err, errlen, "cuda: Q8_0 parts of different widths");
+        N += parts[i]->rows;
+    }
+    int8_t *qs;
+    __half *d;
+    DALLOC(qs, (size_t)N * K);
+    DALLOC(d, (size_t)N * (K / 32) * sizeof(__half));
+    int64_t r0 = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t rows_per = (int64_t)(stage_bytes / ((size_t)(K / 32) * 34));
+        for (int64_t r = 0; r < parts[i]->rows; r += rows_per) {
+            const int64_t nr = std::min(rows_per, parts[i]->rows - r);
+            const size_t bytes = (size_t)nr * (K / 32) * 34;
+            CK(cudaMemcpy(stage, (const uint8_t *)parts[i]->data + (size_t)r * (K / 32) * 34, bytes,
+                          cudaMemcpyHostToDevice));
+            fmc_repack_q8(stage, nr * (K / 32), qs + (size_t)(r0 + r) * K, d + (size_t)(r0 + r) * (K / 32), 0);
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+        }
+        r0 += parts[i]->rows;
+    }
+    dst->qs = qs;
+    dst->d = d;
+    dst->N = (int)N;
+    dst->K = (int)K;
+    return 0;
+}
+
+static int upload_bf16(fm_cuda_backend *b, fmc_bf16 *dst, const fm_matrix *const *parts, int n, const char *what,
+                       char *err, size_t errlen) {
+    int64_t N = 0, K = parts[0]->cols;
+    for (int i = 0; i < n; i++) {
+        if (parts[i]->dtype != FM_DTYPE_BF16) {
+            snprintf(err, errlen, "cuda: drafter %s is not bf16; the CUDA backend runs BF16 drafters only", what);
+            return -1;
+        }
+        if (parts[i]->cols != K || K % 8) return fail(err, errlen, "cuda: drafter matrix width not a multiple of 8");
+        N += parts[i]->rows;
+    }
+    __nv_bfloat16 *w;
+    DALLOC(w, (size_t)N * K * 2);
+    int64_t r0 = 0;
+    for (int i = 0; i < n; i++) {
+        CK(cudaMemcpy(w + (size_t)r0 * K, parts[i]->data, (size_t)parts[i]->rows * K * 2, cudaMemcpyHostToDevice));
+        r0 += parts[i]->rows;
+    }
+    dst->w = w;
+    dst->N = (int)N;
+    dst->K = (int)K;
+    return 0;
+}
+
+static int upload_opt(fm_cuda_backend *b, float **dst, const float *src, size_t n, char *err, size_t errlen) {
+    *dst = NULL;
+    return src ? upload_f32(b, dst, src, n, err, errlen) : 0;
+}
+
+static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, size_t errlen) {
+    const fm_drafter_hparams *hp = &d->hp;
+    const int D = hp->dim, F = hp->ffn, H = hp->target_dim, K = hp->block, hd = hp->head_dim;
+    if (H != b->dim || hp->feat_width != b->fw)
+        return fail(err, errlen, "cuda: drafter widths do not match the target's captured features");
+    if (H % 32) return fail(err, errlen, "cuda: drafter target_dim must be a multiple of 32");
+    b->has_drafter = 1;
+    b->dhp = *hp;
+    b->dmax_ctx = d->max_ctx;
+    const fm_matrix *p1[3];
+    p1[0] = &d->fc;
+    if (upload_bf16(b, &b->fc, p1, 1, "fc", err, errlen)) return -1;
+    p1[0] = &d->anchor_proj;
+    if (upload_bf16(b, &b->anchor_proj, p1, 1, "anchor_proj", err, errlen)) return -1;
+    p1[0] = &d->head;
+    if (upload_bf16(b, &b->head, p1, 1, "head", err, errlen)) return -1;
+    if (upload_opt(b, &b->anchor_b, d->anchor_proj_b, D, err, errlen) ||
+        upload_opt(b, &b->head_b, d->head_b, H, err, errlen) ||
+        upload_f32(b, &b->hidden_norm, d->hidden_norm, D, err, errlen) ||
+        upload_f32(b, &b->anchor_norm, d->anchor_norm, D, err, errlen) ||
+        upload_f32(b, &b->mods, d->mods, (size_t)(hp->n_layers * 3 + 1) * 3 * D, err, errlen) ||
+        upload_f32(b, &b->slot_input, d->slot_input, D, err, errlen) ||
+        upload_f32(b, &b->inv_freq, d->inv_freq, hd / 2, err, errlen))
+        return -1;
+    b->DL = (ddlayer_t *)calloc(hp->n_layers, sizeof(ddlayer_t));
+    if (!b->DL) return fail(err, errlen, "out of memory");
+    for (int l = 0; l < hp->n_layers; l++) {
+        const fmd_layer *S = &d->layers[l];
+        ddlayer_t *o = &b->DL[l];
+        const fm_matrix *sqkv[3] = {&S->self.q, &S->self.k, &S->self.v}, *ckv[2] = {&S->cross.k, &S->cross.v};
+        const fm_matrix *so[1] = {&S->self.o}, *cq[1] = {&S->cross.q}, *co[1] = {&S->cross.o};
+        const fm_matrix *f1[1] = {&S->fc1}, *f2[1] = {&S->fc2};
+        if (upload_bf16(b, &o->sqkv, sqkv, 3, "self q/k/v", err, errlen) ||
+            upload_bf16(b, &o->so, so, 1, "self o", err, errlen) ||
+            upload_bf16(b, &o->cq, cq, 1, "cross q", err, errlen) ||
+            upload_bf16(b, &o->ckv, ckv, 2, "cross k/v", err, errlen) ||
+            upload_bf16(b, &o->co, co, 1, "cross o", err, errlen) ||
+            upload_bf16(b, &o->fc1, f1, 1, "fc1", err, errlen) || upload_bf16(b, &o->fc2, f2, 1, "fc2", err, errlen) ||
+            upload_opt(b, &o->fc1_b, S->fc1_b, F, err, errlen) || upload_opt(b, &o->fc2_b, S->fc2_b, D, err, errlen) ||
+            upload_f32(b, &o->sq_norm, S->self.q_norm, hd, err, errlen) ||
+            upload_f32(b, &o->sk_norm, S->self.k_norm, hd, err, errlen) ||
+            upload_f32(b, &o->cq_norm, S->cross.q_norm, hd, err, errlen) ||
+            upload_f32(b, &o->ck_norm, S->cross.k_norm, hd, err, errlen))
+            return -1;
+        DALLOC(o->kc, (size_t)b->dmax_ctx * D * 2);
+        DALLOC(o->vc, (size_t)b->dmax_ctx * D * 2);
+    }
+    const int R = std::max((int)DRAFT_ROWS, K);
+    DALLOC(b->dx, (size_t)R * D * 4);
+    DALLOC(b->dh, (size_t)R * D * 4);
+    DALLOC(b->dqkv, (size_t)R * 3 * D * 4);
+    DALLOC(b->datt, (size_t)R * D * 4);
+    DALLOC(b->dy, (size_t)R * D * 4);
+    DALLOC(b->du, (size_t)K * F * 4);
+    DALLOC(b->dtmp, (size_t)H * 4);
+    DALLOC(b->dhead, (size_t)K * H * 4);
+    DALLOC(b->dlogits, (size_t)K * b->vocab * 4);
+    DALLOC(b->dam, (size_t)K * 4);
+    DALLOC(b->d_anchor, 4);
+    b->pend_cap = b->max_eval + DRAFT_ROWS;
+    DALLOC(b->pending, (size_t)b->pend_cap * b->fw * 4);
+    return 0;
+}
+
+extern "C" int fm_cuda_available(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, int max_eval, const int *capture,
+                         int n_capture, char *err, size_t errlen) {
+    const qwen3_hparams *hp = &m->hp;
+    b->n_layers = hp->n_layers, b->dim = hp->dim, b->n_heads = hp->n_heads, b->n_kv = hp->n_kv_heads;
+    b->hd = hp->head_dim, b->ffn = hp->ffn, b->vocab = hp->vocab, b->eps = hp->rms_eps;
+    b->q_dim = b->n_heads * b->hd, b->kv_dim = b->n_kv * b->hd;
+    b->n_ctx = n_ctx, b->max_eval = max_eval, b->n_capture = n_capture, b->fw = n_capture * b->dim;
+    if (b->hd > 256 || b->hd % 2) return fail(err, errlen, "cuda: head_dim must be even and at most 256");
+    if (b->dim % 32 || b->q_dim % 32 || b->ffn % 32)
+        return fail(err, errlen, "cuda: dim, heads*head_dim and ffn must be multiples of 32");
+    b->cap_slot = (int *)malloc(sizeof(int) * b->n_layers);
+    if (!b->cap_slot) return fail(err, errlen, "out of memory");
+    for (int l = 0; l < b->n_layers; l++) b->cap_slot[l] = -1;
+    for (int i = 0; i < n_capture; i++) {
+        if (capture[i] < 0 || capture[i] >= b->n_layers)
+            return fail(err, errlen, "cuda: a capture layer does not exist in the target");
+        b->cap_slot[capture[i]] = i;
+    }
+    /* Staging for the raw GGUF blocks: 64 MiB at a time. */
+    void *stage;
+    const size_t stage_bytes = (size_t)64 << 20;
+    CK(cudaMalloc(&stage, stage_bytes));
+    int rc = 0;
+    const fm_matrix *p[3];
+    p[0] = &m->tok_embd;
+    rc = upload_q8(b, &b->tok, p, 1, stage, stage_bytes, "token_embd.weight", err, errlen);
+    if (!rc && m->output.data != m->tok_embd.data) {
+        p[0] = &m->output;
+        rc = upload_q8(b, &b->out, p, 1, stage, stage_bytes, "output.weight", err, errlen);
+    } else if (!rc)
+        b->out = b->tok;
+    b->L = (dlayer_t *)calloc(b->n_layers, sizeof(dlayer_t));
+    if (!b->L) rc = fail(err, errlen, "out of memory");
+    for (int l = 0; l < b->n_layers && !rc; l++) {
+        const qwen3_layer *S = &m->layers[l];
+        dlayer_t *o = &b->L[l];
+        const fm_matrix *qkv[3] = {&S->wq, &S->wk, &S->wv}, *wo[1] = {&S->wo}, *gu[2] = {&S->w_gate, &S->w_up},
+                        *dn[1] = {&S->w_down};
+        rc = upload_q8(b, &o->qkv, qkv, 3, stage, stage_bytes, "attn_q/k/v", err, errlen) ||
+             upload_q8(b, &o->wo, wo, 1, stage, stage_bytes, "attn_output", err, errlen) ||
+             upload_q8(b, &o->gu, gu, 2, stage, stage_bytes, "ffn_gate/up", err, errlen) ||
+             upload_q8(b, &o->down, dn, 1, stage, stage_bytes, "ffn_down", err, errlen) ||
+             upload_f32(b, &o->attn_norm, S->attn_norm, b->dim, err, errlen) ||
+             upload_f32(b, &o->q_norm, S->q_norm, b->hd, err, errlen) ||
+             upload_f32(b, &o->k_norm, S->k_norm, b->hd, err, errlen) ||
+             upload_f32(b, &o->ffn_norm, S->ffn_norm, b->dim, err, errlen);
+    }
+    cudaFree(stage);
+    if (rc) return -1;
+    if (upload_f32(b, &b->out_norm, m->output_norm, b->dim, err, errlen)) return -1;
+    /* RoPE table as the CPU builds it: double angle, rounded once. */
+    const int half = b->hd / 2;
+    float *rope = (float *)malloc(sizeof(float) * (size_t)n_ctx * b->hd);
+    if (!rope) return fail(err, errlen, "out of memory");
+    for (int ps = 0; ps < n_ctx; ps++)
+        for (int i = 0; i < half; i++) {
+            const double ang = ps * pow((double)hp->rope_theta, -2.0 * i / b->hd);
+            rope[((size_t)ps * half + i) * 2] = (float)cos(ang);
+            rope[((size_t)ps * half + i) * 2 + 1] = (float)sin(ang);
+        }
+    rc = upload_f32(b, &b->rope, rope, (size_t)n_ctx * b->hd, err, errlen);
+    free(rope);
+    if (rc) return -1;
+    const size_t kv = (size_t)b->n_layers * n_ctx * b->kv_dim;
+    DALLOC(b->kc, kv * 2);
+    DALLOC(b->vc, kv * 2);
+    const int R = b->rows_cap;
+    b->maxK = std::max(std::max(b->dim, b->q_dim), b->ffn);
+    b->max_splits = (n_ctx + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
+    DALLOC(b->x, (size_t)R * b->dim * 4);
+    DALLOC(b->qkv, (size_t)R * (b->q_dim + 2 * b->kv_dim) * 4);
+    DALLOC(b->q, (size_t)R * b->q_dim * 4);
+    DALLOC(b->att, (size_t)R * b->q_dim * 4);
+    DALLOC(b->gu, (size_t)R * 2 * b->ffn * 4);
+    DALLOC(b->feat, (size_t)R * (b->fw ? b->fw : 1) * 4);
+    DALLOC(b->logits, (size_t)R * b->vocab * 4);
+    DALLOC(b->part, (size_t)R * b->n_heads * b->max_splits * (b->hd + 2) * 4);
+    DALLOC(b->xq, (size_t)R * b->maxK);
+    DALLOC(b->xd, (size_t)R * (b->maxK / 32) * 4);
+    DALLOC(b->d_ids, (size_t)R * 4);
+    DALLOC(b->d_argmax, (size_t)R * 4);
+    DALLOC(b->d_pos, 4);
+    CK(cudaMallocHost(&b->h_ids, (size_t)R * 4));
+    CK(cudaMallocHost(&b->h_argmax, (size_t)R * 4));
+    CK(cudaMallocHost(&b->h_pos, 4));
+    return 0;
+}
+
+extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
+    if (!b) return;
+    if (b->st) cudaStreamSynchronize(b->st);
+    for (int i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graphs[i].exec);
+    if (b->allocs)
+        for (void *p : *b->allocs) cudaFree(p);
+    delete b->allocs;
+    if (b->h_ids) cudaFreeHost(b->h_ids);
+    if (b->h_argmax) cudaFreeHost(b->h_argmax);
+    if (b->h_pos) cudaFreeHost(b->h_pos);
+    if (b->st) cudaStreamDestroy(b->st);
+    free(b->cap_slot);
+    free(b->L);
+    free(b->DL);
+    free(b);
+}
+
+extern "C" int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d, int n_ctx, int max_eval,
+                                      const int *capture, int n_capture, fm_cuda_backend **out, char *err,
+                                      size_t errlen) {
+    *out = NULL;
+    if (!fm_cuda_available()) return fail(err, errlen, "cuda: no usable CUDA device");
+    if (n_ctx < 1 || n_ctx > (1 << 20)) return fail(err, errlen, "cuda: context size out of range (1 .. 1048576)");
+    if (max_eval < 1 || max_eval > 8192) return fail(err, errlen, "cuda: batch size out of range (1 .. 8192)");
+    if (d && n_capture < 1) return fail(err, errlen, "cuda: a drafter needs captured target layers");
+    fm_cuda_backend *b = (fm_cuda_backend *)calloc(1, sizeof *b);
+    if (!b) return fail(err, errlen, "out of memory");
+    b->allocs = new std::vector<void *>();
+    b->use_graphs = 1;
+    b->rows_cap = std::max(max_eval, d ? d->hp.block : 1);
+    if (cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking) != cudaSuccess ||
+        create_target(b, m, n_ctx, max_eval, capture, n_capture, err, errlen) ||
+        (d && create_drafter(b, d, err, errlen))) {
+        if (!err[0]) snprintf(err, errlen, "cuda: stream creation failed");
+        fm_cuda_backend_free(b);
+        return -1;
+    }
+    *out = b;
+    return 0;
+}
+
+/* ---- the target forward: a fixed kernel sequence for T rows (graph-capturable) ---- */
+
+static void target_forward(fm_cuda_backend *b, int T, int mode) {
+    cudaStream_t s = b->st;
+    const int dim = b->dim, qkvw = b->q_dim + 2 * b->kv_dim;
+    fmc_embed_q8(&b->tok, b->d_ids, T, b->x, s);
+    for (int l = 0; l < b->n_layers; l++) {
+        const dlayer_t *L = &b->L[l];
+        __half *kc = b->kc + (size_t)l * b->n_ctx * b->kv_dim, *vc = b->vc + (size_t)l * b->n_ctx * b->kv_dim;
+        fmc_norm_quant(b->x, dim, L->attn_norm, b->eps, T, dim, b->xq, b->xd, s);
+        fmc_gemv_q8(&L->qkv, b->xq, b->xd, T, b->qkv, qkvw, 0, s);
+        fmc_qk_norm_rope_kv(b->qkv, T, b->n_heads, b->n_kv, b->hd, L->q_norm, L->k_norm, b->eps, b->rope, b->d_pos,
+                            b->q, kc, vc, s);
+        fmc_attention(b->q, T, b->n_heads, b->n_kv, b->hd, kc, vc, b->d_pos, b->max_splits, b->part, b->att, s);
+        fmc_norm_quant(b->att, b->q_dim, NULL, 0.f, T, b->q_dim, b->xq, b->xd, s);
+        fmc_gemv_q8(&L->wo, b->xq, b->xd, T, b->x, dim, 1, s);
+        fmc_norm_quant(b->x, dim, L->ffn_norm, b->eps, T, dim, b->xq, b->xd, s);
+        fmc_gemv_q8(&L->gu, b->xq, b->xd, T, b->gu, 2 * b->ffn, 0, s);
+        fmc_silu_mul_quant(b->gu, T, b->ffn, b->xq, b->xd, s);
+        fmc_gemv_q8(&L->down, b->xq, b->xd, T, b->x, dim, 1, s);
+        if (b->cap_slot[l] >= 0) fmc_copy_rows(b->x, dim, b->feat + (size_t)b->cap_slot[l] * dim, b->fw, T, dim, s);
+    }
+    if (mode == MODE_NONE) return;
+    const int first = mode == MODE_LAST ? T - 1 : 0, rows = T - first;
+    fmc_norm_quant(b->x + (size_t)first * dim, dim, b->out_norm, b->eps, rows, dim, b->xq, b->xd, s);
+    fmc_gemv_q8(&b->out, b->xq, b->xd, rows, b->logits, b->vocab, 0, s);
+    fmc_argmax(b->logits, rows, b->vocab, b->d_argmax, s);
+}
+
+static int run_forward(fm_cuda_backend *b, int T, int mode, char *err, size_t errlen) {
+    if (!b->use_graphs || T > GRAPH_MAX_T) {
+        target_forward(b, T, mode);
+        CK(cudaGetLastError());
+        return 0;
+    }
+    for (int i = 0; i < b->n_graphs; i++)
+        if (b->graphs[i].T == T && b->graphs[i].mode == mode) {
+            CK(cudaGraphLaunch(b->graphs[i].exec, b->st));
+            return 0;
+        }
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
+    target_forward(b, T, mode);
+    CK(cudaStreamEndCapture(b->st, &g));
+    cudaGraphExec_t ge;
+    cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
+    cudaGraphDestroy(g);
+    CK(e);
+    if (b->n_graphs < MAX_GRAPHS) b->graphs[b->n_graphs++] = (graph_t){T, mode, ge};
+    CK(cudaGraphLaunch(ge, b->st));
+    if (b->n_graphs == MAX_GRAPHS && b->graphs[MAX_GRAPHS - 1].exec != ge) {
+        CK(cudaStreamSynchronize(b->st));
+        cudaGraphExecDestroy(ge);
+    }
+    return 0;
+}
+
+static int cu_pos(void *ctx) { return ((fm_cuda_backend *)ctx)->pos; }
+
+static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err, size_t errlen) {
+    fm_cuda_backend *b = (fm_cuda_backend *)ctx;
+    if (n < 1 || n > b->max_eval) {
+        snprintf(err, errlen, "cuda: a forward of %d tokens exceeds the batch size %d", n, b->max_eval);
+        return -1;
+    }
+    if (b->pos + n > b->n_ctx) {
+        snprintf(err, errlen, "context is full: %d positions held + %d new > --ctx %d", b->pos, n, b->n_ctx);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= b->vocab) {
+            snprintf(err, errlen, "token id %d is out of range (vocabulary %d)", ids[i], b->vocab);
+            return -1;
+        }
+    memcpy(b->h_ids, ids, (size_t)n * 4);
+    *b->h_pos = b->pos;
+    CK(cudaMemcpyAsync(b->d_ids, b->h_ids, (size_t)n * 4, cudaMemcpyHostToDevice, b->st));
+    CK(cudaMemcpyAsync(b->d_pos, b->h_pos, 4, cudaMemcpyHostToDevice, b->st));
+    const int mode = !argmax ? MODE_NONE : all_rows ? MODE_ALL : MODE_LAST, rows = mode == MODE_ALL ? n : 1;
+    if (run_forward(b, n, mode, err, errlen)) return -1;
+    if (argmax) CK(cudaMemcpyAsync(b->h_argmax, b->d_argmax, (size_t)rows * 4, cudaMemcpyDeviceToHost, b->st));
+    CK(cudaStreamSynchronize(b->st));
+    if (argmax) memcpy(argmax, b->h_argmax, (size_t)rows * 4);
+    b->pos += n;
+    b->last_rows = n;
+    b->last_logit_rows = argmax ? rows : 0;
+    return 0;
+}
+
+static void cu_rewind(void *ctx, int pos) {
+    fm_cuda_backend *b = (fm_cuda_backend *)ctx;
+    if (pos >= 0 && pos < b->pos) b->pos = pos;
+    if (b->pend_rows && b->pend_start + b->pend_rows > pos)
+        b->pend_rows = pos > b->pend_start ? pos - b->pend_start : 0;
+}
+
+/* ---- drafter ---- */
+
+static const float *mod_at(const fm_cuda_backend *b, int idx) { return b->mods + (size_t)idx * 3 * b->dhp.dim; }
+
+/* Context rows start .. start+n-1 from device feature rows src [n][fw]. */
+static int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start, char *err, size_t errlen) {
+    const fm_drafter_hparams *hp = &b->dhp;
+    const int D = hp->dim;
+    if (start < 0 || start > b->dlength || start + n > b->dmax_ctx) {
+        snprintf(err, errlen, "drafter: context rows [%d, %d) do not fit: %d rows held, room for %d", start,
+                 start + n, b->dlength, b->dmax_ctx);
+        return -1;
+    }
+    cudaStream_t s = b->st;
+    for (int c = 0; c < n; c += DRAFT_ROWS) {
+        const int T = std::min((int)DRAFT_ROWS, n - c), p0 = start + c;
+        fmc_gemv_bf16(&b->fc, src + (size_t)c * b->fw, T, b->dx, D, NULL, 0, s);
+        fmc_rmsnorm_rows(b->dx, b->hidden_norm, T, D, hp->rms_eps, b->dh, s);
+        for (int l = 0; l < hp->n_layers; l++) {
+            const ddlayer_t *L = &b->DL[l];
+            fmc_gemv_bf16(&L->ckv, b->dh, T, b->dqkv, 2 * D, NULL, 0, s);
+            fmc_dr_norm_rope(b->dqkv, 2 * D, T, hp->n_heads, hp->head_dim, L->ck_norm, hp->qk_eps, p0, b->inv_freq,
+                             b->dqkv + D, L->kc, L->vc, s);
+        }
+    }
+    CK(cudaGetLastError());
+    b->dlength = start + n;
+    return 0;
+}
+
+static int flush(fm_cuda_backend *b, char *err, size_t errlen) {
+    if (b->pend_rows && drafter_extend(b, b->pending, b->pend_rows, b->pend_start, err, errlen)) return -1;
+    b->pend_rows = 0;
+    return 0;
+}
+
+static int cu_commit_features(void *ctx, int n, int start, char *err, size_t errlen) {
+    fm_cuda_backend *b = (fm_cuda_backend *)ctx;
+    if (!b->has_drafter || n <= 0) return 0;
+    if (n > b->last_rows) return fail(err, errlen, "cuda: commit of more feature rows than the last eval made");
+    if (b->pend_rows && (b->pend_start + b->pend_rows != start || b->pend_rows + n > b->pend_cap) &&
+        flush(b, err, errlen))
+        return -1;
+    if (b->pend_rows == 0) b->pend_start = start;
+    CK(cudaMemcpyAsync(b->pending + (size_t)b->pend_rows * b->fw, b->feat, (size_t)n * b->fw * 4,
+                       cudaMemcpyDeviceToDevice, b->st));
+    b->pend_rows += n;
+    return 0;
+}
+
+static int cu_draft(void *ctx, int32_t anchor, int pos, int32_t *out, char *err, size_t errlen) {
+    fm_cuda_backend *b = (fm_cuda_backend *)ctx;
+    if (!b->has_drafter) return fail(err, errlen, "no drafter loaded");
+    if (flush(b, err, errlen)) return -1;
+    const fm_drafter_hparams *hp = &b->dhp;
+    const int K = hp->block, D = hp->dim, H = hp->target_dim, nh = hp->n_heads, hd = hp->head_dim;
+    if (anchor < 0 || anchor >= b->vocab) {
+        snprintf(err, errlen, "drafter: anchor token %d outside the vocabulary of %d", (int)anchor, b->vocab);
+        return -1;
+    }
+    if (pos < 0 || pos > b->dlength || pos >= b->dmax_ctx) {
+        snprintf(err, errlen, "drafter: anchor position %d, expected 0..%d (context rows held) and < %d", pos,
+                 b->dlength, b->dmax_ctx);
+        return -1;
+    }
+    cudaStream_t s = b->st;
+    /* 1. The anchor's context slot at pos. */
+    b->h_ids[0] = anchor;
+    CK(cudaMemcpyAsync(b->d_anchor, b->h_ids, 4, cudaMemcpyHostToDevice, s));
+    fmc_embed_q8(&b->tok, b->d_anchor, 1, b->dtmp, s);
+    fmc_gemv_bf16(&b->anchor_proj, b->dtmp, 1, b->dx, D, b->anchor_b, 0, s);
+    fmc_rmsnorm_rows(b->dx, b->anchor_norm, 1, D, hp->rms_eps, b->dh, s);
+    for (int l = 0; l < hp->n_layers; l++) {
+        const ddlayer_t *L = &b->DL[l];
+        fmc_gemv_bf16(&L->ckv, b->dh, 1, b->dqkv, 2 * D, NULL, 0, s);
+        fmc_dr_norm_rope(b->dqkv, 2 * D, 1, nh, hd, L->ck_norm, hp->qk_eps, pos, b->inv_freq, b->dqkv + D, L->kc,
+                         L->vc, s);
+    }
+    /* 2. Slots at pos+1 .. pos+K from slot_input. 3. The layers. */
+    fmc_broadcast_row(b->slot_input, K, D, b->dx, s);
+    for (int l = 0; l < hp->n_layers; l++) {
+        const ddlayer_t *L = &b->DL[l];
+        const float *m = mod_at(b, l * 3 + 0);
+        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
+        fmc_gemv_bf16(&L->sqkv, b->dh, K, b->dqkv, 3 * D, NULL, 0, s);
+        fmc_dr_norm_rope(b->dqkv, 3 * D, K, nh, hd, L->sq_norm, hp->qk_eps, pos + 1, b->inv_freq, NULL, NULL, NULL, s);
+        fmc_dr_norm_rope(b->dqkv + D, 3 * D, K, nh, hd, L->sk_norm, hp->qk_eps, pos + 1, b->inv_freq, NULL, NULL, NULL,
+                         s);
+        fmc_dr_attention(b->dqkv, 3 * D, K, b->dqkv + D, b->dqkv + 2 * D, 3 * D, NULL, NULL, K, nh, hd, b->datt, s);
+        fmc_gemv_bf16(&L->so, b->datt, K, b->dy, D, NULL, 0, s);
+        fmc_gate_add(b->dx, b->dy, m + 2 * D, K, D, s);
+
+        m = mod_at(b, l * 3 + 1);
+        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
+        fmc_gemv_bf16(&L->cq, b->dh, K, b->dqkv, D, NULL, 0, s);
+        fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, hp->qk_eps, pos + 1, b->inv_freq, NULL, NULL, NULL, s);
+        fmc_dr_attention(b->dqkv, D, K, NULL, NULL, 0, L->kc, L->vc, pos + 1, nh, hd, b->datt, s);
+        fmc_gemv_bf16(&L->co, b->datt, K, b->dy, D, NULL, 0, s);
+        fmc_gate_add(b->dx, b->dy, m + 2 * D, K, D, s);
+
+        m = mod_at(b, l * 3 + 2);
+        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
+        fmc_gemv_bf16(&L->fc1, b->dh, K, b->du, hp->ffn, L->fc1_b, 0, s);
+        fmc_gelu(b->du, (int64_t)K * hp->ffn, s);
+        fmc_gemv_bf16(&L->fc2, b->du, K, b->dy, D, L->fc2_b, 0, s);
+        fmc_gate_add(b->dx, b->dy, m + 2 * D, K, D, s);
+    }
+    /* 4. Final AdaLN -> head -> the target's lm_head (Q8_0, activations quantised as the CPU does) -> argmax. */
+    const float *fm = mod_at(b, hp->n_layers * 3);
+    fmc_ln_mod_rows(b->dx, fm, fm + D, K, D, hp->ln_eps, b->dh, s);
+    fmc_gemv_bf16(&b->head, b->dh, K, b->dhead, H, b->head_b, 0, s);
+    fmc_norm_quant(b->dhead, H, NULL, 0.f, K, H, b->xq, b->xd, s);
+    fmc_gemv_q8(&b->out, b->xq, b->xd, K, b->dlogits, b->vocab, 0, s);
+    fmc_argmax(b->dlogits, K, b->vocab, b->dam, s);
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(b->h_argmax, b->dam, (size_t)K * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    memcpy(out, b->h_argmax, (size_t)K * 4);
+    return 0;
+}
+
+static void cu_reset(void *ctx) {
+    fm_cuda_backend *b = (fm_cuda_backend *)ctx;
+    b->pos = 0;
+    b->pend_rows = 0;
+    b->dlength = 0;
+}
+
+extern "C" fm_decode_backend fm_cuda_backend_ops(fm_cuda_backend *b) {
+    fm_decode_backend ops;
+    memset(&ops, 0, sizeof ops);
+    ops.ctx = b;
+    ops.n_ctx = b->n_ctx;
+    ops.vocab = b->vocab;
+    ops.max_eval = b->max_eval;
+    ops.block = b->has_drafter ? b->dhp.block : 0;
+    ops.drafter_ctx = b->has_drafter ? b->dmax_ctx : 0;
+    ops.pos = cu_pos;
+    ops.eval = cu_eval;
+    ops.rewind = cu_rewind;
+    ops.commit_features = cu_commit_features;
+    ops.draft = cu_draft;
+    ops.reset = cu_reset;
+    return ops;
+}
+
+/* ---- debug hooks ---- */
+
+extern "C" int fm_cuda_debug_logits(fm_cuda_backend *b, float *out, int rows) {
+    if (rows > b->last_logit_rows) return -1;
+    return cudaMemcpy(out, b->logits, (size_t)rows * b->vocab * 4, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int fm_cuda_debug_features(fm_cuda_backend *b, float *out, int rows) {
+    if (rows > b->last_rows || !b->fw) return -1;
+    return cudaMemcpy(out, b->feat, (size_t)rows * b->fw * 4, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int fm_cuda_debug_draft_head(fm_cuda_backend *b, float *out) {
+    if (!b->has_drafter) return -1;
+    return cudaMemcpy(out, b->dhead, (size_t)b->dhp.block * b->dhp.target_dim * 4, cudaMemcpyDeviceToHost) ==
+                   cudaSuccess
+               ? 0
+               : -1;
+}
+
+extern "C" void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on) { b->use_graphs = on; }
+
+extern "C" double fm_cuda_debug_copy_bandwidth(size_t bytes, int reps) {
+    void *a = NULL, *c = NULL;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&c, bytes) != cudaSuccess) {
+        cudaFree(a);
+        return 0;
+    }
+    cudaMemset(a, 1, bytes);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<float> ms;
+    for (int i = 0; i < reps + 2; i++) {
+        cudaEventRecord(e0);
+        cudaMemcpy(c, a, bytes, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (i >= 2) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(c);
+    return ms.empty() ? 0 : 2.0 * (double)bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
+}
+
+extern "C" void fm_cuda_debug_device_name(char *buf, size_t len) {
+    cudaDeviceProp p;
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) {
+        snprintf(buf, len, "no device");
+        return;
+    }
+    snprintf(buf, len, "%s (%d SMs, %.1f GiB, CUDA driver API %d, runtime %d)", p.name, p.multiProcessorCount,
+             (double)p.totalGlobalMem / (1 << 30), drv, rt);
+}
+
+static uint64_t q8_bytes(const fmc_q8 *w) { return (uint64_t)w->N * w->K + (uint64_t)w->N * (w->K / 32) * 2; }
+
+extern "C" uint64_t fm_cuda_debug_step_bytes(const fm_cuda_backend *b) {
+    uint64_t s = q8_bytes(&b->out);
+    for (int l = 0; l < b->n_layers; l++)
+        s += q8_bytes(&b->L[l].qkv) + q8_bytes(&b->L[l].wo) + q8_bytes(&b->L[l].gu) + q8_bytes(&b->L[l].down);
+    return s;
+}
+
+extern "C" void fm_cuda_debug_sync(void) { cudaDeviceSynchronize(); }
