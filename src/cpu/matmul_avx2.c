@@ -9,9 +9,9 @@
  * vpmaddwd with ones widens them to 8 int32 lanes, and the block's f32 scale d_w * d_x multiplies them into
  * f32 accumulators. Every int product is exact; only the f32 additions differ in order from the reference.
  * The f32 part (convert, scale, FMA: 3 of the 6 ops per block product) is amortised by folding the int32
- * lanes of 4 block products with a vphaddd tree first: 4 consecutive blocks of one row at T = 1 (decode),
- * 4 tokens of one block at T >= 3 (prefill, verify). Rows are processed one at a time, so each thread reads
- * its weights as one sequential stream, with a software prefetch 1 KB ahead.
+ * lanes of 4 consecutive blocks of one row with a vphaddd tree first, per token, in the same order for every
+ * T (so rows do not depend on the batch). Rows are processed one at a time, so each thread reads its weights
+ * as one sequential stream, with a software prefetch 1 KB ahead.
  *
  * Float types: weights are widened to f32 (F16 by vcvtph2ps, BF16 by a 16-bit shift), x stays f32, FMA. */
 #include <immintrin.h>
@@ -126,208 +126,85 @@ void fm_mm_bf16_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const flo
 
 /* ---------------- Q8_0 ---------------- */
 
-FM_INLINE void q8_tile(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r, int t0,
-                       const int R, const int TT) {
-    const int64_t nb = w->cols / FM_QK8_0;
-    const fm_block_q8_0 *w0 = (const fm_block_q8_0 *)w->data + r * nb;
-    const int64_t T = a->T;
-    const fm_block_q8_0 *x0 = a->xq + t0; /* block b of token t0 + t: x0[b * T + t] */
-    const float *d0 = a->xd + t0;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4][8];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) acc[i][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, x0 += T, d0 += T) {
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            const fm_block_q8_0 *wb = w0 + i * nb + b;
-            /* Rows are short streams (a few KB): prefetch ~1 KB ahead, across row ends too. */
-            _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
-            const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
-            const __m256i wa = _mm256_sign_epi8(wq, wq); /* |w|; -128 stays 0x80 = 128 unsigned */
-            const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
-#pragma GCC unroll 8
-            for (int t = 0; t < TT; t++) {
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)x0[t].qs);
-                const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq));
-                const __m256i p32 = _mm256_madd_epi16(p16, ones);
-                const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(d0 + t));
-                acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), s, acc[i][t]);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) store_out(w, y, bias, r + i, t0 + t, hsum256(acc[i][t]));
-}
-
-/* T = 2 (and a model of the decode kernel): one row at a time, so each thread reads its rows as one
- * sequential stream (rows are contiguous; short rows read 4 at a time defeat the hardware prefetcher), with
- * two blocks per step in separate accumulators to hide the FMA latency. */
-FM_INLINE void q8_row_small_t(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
-                              const int TT) {
+/* One row x TT tokens (TT = 1..4), four blocks per step. For each token the int32 lanes of the 4 block
+ * products are folded by three vphaddd into [b0..b3 | b0..b3] (low and high halves of each block), so the f32
+ * part (convert, scale, FMA) runs once per 4 blocks; the 4 scales d_w * d_x come from one vcvtph2ps of the 4
+ * weight scales times the token's 4 activation scales. The weight blocks are loaded once for all TT tokens.
+ *
+ * The f32 operations of one (row, token) are the same sequence whatever TT and T are: a verify block's rows
+ * equal single steps bit for bit, which speculative decoding needs to be lossless. Never give a token a
+ * different folding (e.g. across tokens) than the others. */
+FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
+                           int t0, const int TT) {
     const int64_t nb = w->cols / FM_QK8_0, T = a->T;
     const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-    const fm_block_q8_0 *xb = a->xq;
-    const float *xd = a->xd;
+    const fm_block_q8_0 *xb = a->xq + t0; /* block b of token t0 + t: xb[b * T + t] */
+    const float *xd = a->xd + t0;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[2][2];
-#pragma GCC unroll 2
-    for (int u = 0; u < 2; u++)
-#pragma GCC unroll 2
-        for (int t = 0; t < TT; t++) acc[u][t] = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2, wb += 2, xb += 2 * T, xd += 2 * T) {
-        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
-#pragma GCC unroll 2
-        for (int u = 0; u < 2; u++) {
-            const __m256i wq = _mm256_loadu_si256((const __m256i *)wb[u].qs);
-            const __m256i wa = _mm256_sign_epi8(wq, wq);
-            const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb[u].d));
-#pragma GCC unroll 2
-            for (int t = 0; t < TT; t++) {
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[u * T + t].qs);
-                const __m256i p32 =
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq)), ones);
-                const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + u * T + t));
-                acc[u][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), s, acc[u][t]);
-            }
-        }
-    }
-    if (b < nb) {
-        const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
-        const __m256i wa = _mm256_sign_epi8(wq, wq);
-        const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
-#pragma GCC unroll 2
-        for (int t = 0; t < TT; t++) {
-            const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[t].qs);
-            const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq)), ones);
-            const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + t));
-            acc[0][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), s, acc[0][t]);
-        }
-    }
-#pragma GCC unroll 2
-    for (int t = 0; t < TT; t++) store_out(w, y, bias, r, t, hsum256(_mm256_add_ps(acc[0][t], acc[1][t])));
-}
-
-/* Decode (T = 1): one row, four blocks per step. The int32 lanes of the 4 blocks are folded by three vphaddd
- * into [b0..b3 | b0..b3], so convert/scale/FMA run once per 4 blocks, with the 4 scales d_w * d_x built by
- * one vcvtph2ps of the 4 weight scales and one 128-bit load of the activation scales. */
-FM_INLINE void q8_row_t1(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
-                         int t) {
-    const int64_t nb = w->cols / FM_QK8_0, T = a->T;
-    const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-    const fm_block_q8_0 *xb = a->xq + t; /* block b of token t: xb[b * T] */
-    const float *xd = a->xd + t;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4, wb += 4, xb += 4 * T, xd += 4 * T) {
         _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
         _mm_prefetch((const char *)wb + 1024 + 64, _MM_HINT_T0);
-        __m256i p[4];
+        __m256i wq[4];
 #pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) {
-            const __m256i wq = _mm256_loadu_si256((const __m256i *)wb[u].qs);
-            const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[u * T].qs);
-            p[u] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)),
-                                     ones);
-        }
-        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        for (int u = 0; u < 4; u++) wq[u] = _mm256_loadu_si256((const __m256i *)wb[u].qs);
         const __m128 dw = _mm_cvtph_ps(
             _mm_setr_epi16((short)wb[0].d, (short)wb[1].d, (short)wb[2].d, (short)wb[3].d, 0, 0, 0, 0));
-        const __m128 dx = T == 1 ? _mm_loadu_ps(xd) : _mm_setr_ps(xd[0], xd[T], xd[2 * T], xd[3 * T]);
-        const __m128 s4 = _mm_mul_ps(dw, dx);
-        const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc);
-    }
-    float sum = hsum256(acc);
-    for (; b < nb; b++, wb++, xb += T, xd += T) {
-        const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)xb->qs);
-        const __m256i p =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)), ones);
-        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(_cvtsh_ss(wb->d) * xd[0]));
-        sum += hsum256(f);
-    }
-    store_out(w, y, bias, r, t, sum);
-}
-
-/* Prefill/verify: one row x G groups of 4 tokens (G = 1 or 2). The int32 lanes of 4 tokens are folded by
- * three vphaddd into one vector [t0..t3 | t0..t3] (low and high halves of each block), so the f32 part
- * (convert, scale, FMA) runs once per 4 tokens instead of once per token; the scales d_w * d_x of 4 tokens
- * come from one 128-bit load (xd is block-major). Folding happens on exact int32 sums, so results equal the
- * per-token kernel up to f32 summation order. */
-FM_INLINE void q8_tile_x4(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
-                          int t0, const int G) {
-    const int64_t nb = w->cols / FM_QK8_0, T = a->T;
-    const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-    const fm_block_q8_0 *x0 = a->xq + t0;
-    const float *d0 = a->xd + t0;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[2];
-#pragma GCC unroll 2
-    for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, wb++, x0 += T, d0 += T) {
-        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
-        const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
-        const __m256i wa = _mm256_sign_epi8(wq, wq);
-        const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
-#pragma GCC unroll 2
-        for (int g = 0; g < G; g++) {
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
             __m256i p[4];
 #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)x0[4 * g + t].qs);
-                p[t] = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq)), ones);
+            for (int u = 0; u < 4; u++) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[u * T + t].qs);
+                p[u] = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(wq[u], wq[u]), _mm256_sign_epi8(xq, wq[u])), ones);
             }
             const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ps((const __m128 *)(d0 + 4 * g)));
-            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc[g]);
+            const __m128 dx = _mm_setr_ps(xd[t], xd[T + t], xd[2 * T + t], xd[3 * T + t]);
+            const __m128 s4 = _mm_mul_ps(dw, dx);
+            const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc[t]);
         }
     }
-#pragma GCC unroll 2
-    for (int g = 0; g < G; g++) {
-        float out[4];
-        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(acc[g]), _mm256_extractf128_ps(acc[g], 1)));
 #pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) store_out(w, y, bias, r, t0 + 4 * g + t, out[t]);
+    for (int t = 0; t < TT; t++) {
+        float sum = hsum256(acc[t]);
+        const fm_block_q8_0 *wt = wb, *xt = xb + t;
+        const float *dt = xd + t;
+        for (int64_t bt = b; bt < nb; bt++, wt++, xt += T, dt += T) {
+            const __m256i wq = _mm256_loadu_si256((const __m256i *)wt->qs);
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)xt->qs);
+            const __m256i pr = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)), ones);
+            sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(pr), _mm256_set1_ps(_cvtsh_ss(wt->d) * dt[0])));
+        }
+        store_out(w, y, bias, r, t0 + t, sum);
     }
 }
 
-/* Prefill/verify (T >= 3): tokens in groups of 8 then 4 (q8_tile_x4), the last 1-3 by the plain tile. The row
- * (a few KB) is re-read from L1 for each token group. */
-FM_INLINE void q8_row_tokens(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r) {
-    int t = 0;
-    for (; t + 8 <= a->T; t += 8) q8_tile_x4(w, a, y, bias, r, t, 2);
-    if (a->T - t >= 4) q8_tile_x4(w, a, y, bias, r, t, 1), t += 4;
-    switch (a->T - t) {
-    case 3:
-        q8_tile(w, a, y, bias, r, t, 1, 3);
-        break;
-    case 2:
-        q8_tile(w, a, y, bias, r, t, 1, 2);
-        break;
-    case 1:
-        q8_row_t1(w, a, y, bias, r, t); /* e.g. the 17th token of a verify block */
-        break;
-    default:
-        break;
-    }
-}
-
+/* Rows one at a time (each thread reads its rows as one sequential stream), tokens in tiles of 4; the row (a
+ * few KB) is re-read from L1 for each tile. */
 void fm_mm_q8_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                      int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
-        if (a->T == 1)
-            q8_row_t1(w, a, y, bias, r, 0);
-        else if (a->T == 2)
-            q8_row_small_t(w, a, y, bias, r, 2);
-        else
-            q8_row_tokens(w, a, y, bias, r);
+        int t = 0;
+        for (; t + 4 <= a->T; t += 4) q8_row_tile(w, a, y, bias, r, t, 4);
+        switch (a->T - t) {
+        case 3:
+            q8_row_tile(w, a, y, bias, r, t, 3);
+            break;
+        case 2:
+            q8_row_tile(w, a, y, bias, r, t, 2);
+            break;
+        case 1:
+            q8_row_tile(w, a, y, bias, r, t, 1);
+            break;
+        default:
+            break;
+        }
     }
 }
 

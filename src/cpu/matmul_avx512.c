@@ -8,9 +8,8 @@
  *   (hi = bf16(x), lo = bf16(x - hi)), so each product keeps ~16 mantissa bits of x (relative error about
  *   2^-17 per term) instead of bf16's 8; the products of two bf16 are exact in f32.
  * - Q8_0 with VNNI: per 32-value block vpdpbusd(|w|, sign(x, w)) gives 8 exact int32 lanes in one
- *   instruction (no int16 step); then the same structure as the AVX2 kernel: T = 1 streams one row and folds
- *   4 blocks per vphaddd tree, T >= 3 folds 4 tokens per tree, so the f32 convert/scale/FMA run once per 4
- *   block products. */
+ *   instruction (no int16 step); then the same structure as the AVX2 kernel: one row streamed at a time, 4
+ *   blocks folded per vphaddd tree for each token, in the same order for every T. */
 #include <immintrin.h>
 
 #include "cpu/matmul_kernels.h"
@@ -187,150 +186,86 @@ void fm_split_bf16_avx512(const float *x, uint16_t *hi, uint16_t *lo, int64_t n)
 
 /* ---------------- Q8_0 with VNNI ---------------- */
 
-FM_INLINE void q8_tile(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r, int t0,
-                       const int R, const int TT) {
-    const int64_t nb = w->cols / FM_QK8_0;
-    const fm_block_q8_0 *w0 = (const fm_block_q8_0 *)w->data + r * nb;
-    const int64_t T = a->T;
-    const fm_block_q8_0 *x0 = a->xq + t0; /* block b of token t0 + t: x0[b * T + t] */
-    const float *d0 = a->xd + t0;
-    __m256 acc[4][4];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) acc[i][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, x0 += T, d0 += T) {
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            const fm_block_q8_0 *wb = w0 + i * nb + b;
-            const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
-            const __m256i wa = _mm256_abs_epi8(wq); /* -128 stays 0x80 = 128 unsigned */
-            const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
-#pragma GCC unroll 8
-            for (int t = 0; t < TT; t++) {
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)x0[t].qs);
-                const __m256i p32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, _mm256_sign_epi8(xq, wq));
-                const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(d0 + t));
-                acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), s, acc[i][t]);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) store_out(w, y, bias, r + i, t0 + t, hsum256(acc[i][t]));
-}
-
 /* The int32 dot of one Q8_0 block pair: 8 lanes, exact. */
 FM_INLINE __m256i q8_dot(__m256i wq, __m256i xq) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wq), _mm256_sign_epi8(xq, wq));
 }
 
-/* T = 1: one row (a sequential stream), 4 blocks per step folded by vphaddd into [b0..b3 | b0..b3], so the
- * f32 convert/scale/FMA run once per 4 blocks (as in the AVX2 kernel). */
-FM_INLINE void q8_row_t1(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
-                         int t) {
+/* One row x TT tokens (TT = 1..8), 4 blocks per step, each token's 4 block products folded by vphaddd into
+ * [b0..b3 | b0..b3] so the f32 convert/scale/FMA run once per 4 blocks. As in the AVX2 kernel, the f32
+ * operations of one (row, token) are the same sequence for every T: verify rows equal single steps bit for
+ * bit (speculative decoding depends on it). */
+FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
+                           int t0, const int TT) {
     const int64_t nb = w->cols / FM_QK8_0, T = a->T;
     const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-    const fm_block_q8_0 *xb = a->xq + t; /* block b of token t: xb[b * T] */
-    const float *xd = a->xd + t;
-    __m256 acc = _mm256_setzero_ps();
+    const fm_block_q8_0 *xb = a->xq + t0; /* block b of token t0 + t: xb[b * T + t] */
+    const float *xd = a->xd + t0;
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4, wb += 4, xb += 4 * T, xd += 4 * T) {
         _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
         _mm_prefetch((const char *)wb + 1024 + 64, _MM_HINT_T0);
-        __m256i p[4];
+        __m256i wq[4];
 #pragma GCC unroll 4
-        for (int u = 0; u < 4; u++)
-            p[u] = q8_dot(_mm256_loadu_si256((const __m256i *)wb[u].qs),
-                          _mm256_loadu_si256((const __m256i *)xb[u * T].qs));
-        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        for (int u = 0; u < 4; u++) wq[u] = _mm256_loadu_si256((const __m256i *)wb[u].qs);
         const __m128 dw = _mm_cvtph_ps(
             _mm_setr_epi16((short)wb[0].d, (short)wb[1].d, (short)wb[2].d, (short)wb[3].d, 0, 0, 0, 0));
-        const __m128 dx = T == 1 ? _mm_loadu_ps(xd) : _mm_setr_ps(xd[0], xd[T], xd[2 * T], xd[3 * T]);
-        const __m128 s4 = _mm_mul_ps(dw, dx);
-        const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc);
-    }
-    float sum = hsum256(acc);
-    for (; b < nb; b++, wb++, xb += T, xd += T) {
-        const __m256i p =
-            q8_dot(_mm256_loadu_si256((const __m256i *)wb->qs), _mm256_loadu_si256((const __m256i *)xb->qs));
-        sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(_cvtsh_ss(wb->d) * xd[0])));
-    }
-    store_out(w, y, bias, r, t, sum);
-}
-
-/* T >= 3: one row x G groups of 4 tokens, the 4 tokens' int32 lanes folded by vphaddd (see the AVX2 file). */
-FM_INLINE void q8_tile_x4(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r,
-                          int t0, const int G) {
-    const int64_t nb = w->cols / FM_QK8_0, T = a->T;
-    const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-    const fm_block_q8_0 *x0 = a->xq + t0;
-    const float *d0 = a->xd + t0;
-    __m256 acc[4];
-#pragma GCC unroll 4
-    for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, wb++, x0 += T, d0 += T) {
-        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
-        const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->qs);
-        const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) {
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
             __m256i p[4];
 #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++)
-                p[t] = q8_dot(wq, _mm256_loadu_si256((const __m256i *)x0[4 * g + t].qs));
+            for (int u = 0; u < 4; u++)
+                p[u] = q8_dot(wq[u], _mm256_loadu_si256((const __m256i *)xb[u * T + t].qs));
             const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ps((const __m128 *)(d0 + 4 * g)));
-            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc[g]);
+            const __m128 dx = _mm_setr_ps(xd[t], xd[T + t], xd[2 * T + t], xd[3 * T + t]);
+            const __m128 s4 = _mm_mul_ps(dw, dx);
+            const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc[t]);
         }
     }
-#pragma GCC unroll 4
-    for (int g = 0; g < G; g++) {
-        float out[4];
-        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(acc[g]), _mm256_extractf128_ps(acc[g], 1)));
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) store_out(w, y, bias, r, t0 + 4 * g + t, out[t]);
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        float sum = hsum256(acc[t]);
+        const fm_block_q8_0 *wt = wb, *xt = xb + t;
+        const float *dt = xd + t;
+        for (int64_t bt = b; bt < nb; bt++, wt++, xt += T, dt += T) {
+            const __m256i pr = q8_dot(_mm256_loadu_si256((const __m256i *)wt->qs),
+                                      _mm256_loadu_si256((const __m256i *)xt->qs));
+            sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(pr), _mm256_set1_ps(_cvtsh_ss(wt->d) * dt[0])));
+        }
+        store_out(w, y, bias, r, t0 + t, sum);
     }
 }
 
 void fm_mm_q8_0_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                             int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
-        if (a->T == 1) {
-            q8_row_t1(w, a, y, bias, r, 0);
-            continue;
-        }
-        if (a->T == 2) {
-            q8_tile(w, a, y, bias, r, 0, 1, 2);
-            continue;
-        }
         int t = 0;
-        for (; t + 16 <= a->T; t += 16) q8_tile_x4(w, a, y, bias, r, t, 4);
-        switch ((a->T - t) / 4) {
-        case 3:
-            q8_tile_x4(w, a, y, bias, r, t, 3);
-            break;
-        case 2:
-            q8_tile_x4(w, a, y, bias, r, t, 2);
-            break;
-        case 1:
-            q8_tile_x4(w, a, y, bias, r, t, 1);
-            break;
-        default:
-            break;
-        }
-        t += (a->T - t) / 4 * 4;
+        for (; t + 8 <= a->T; t += 8) q8_row_tile(w, a, y, bias, r, t, 8);
         switch (a->T - t) {
+        case 7:
+            q8_row_tile(w, a, y, bias, r, t, 7);
+            break;
+        case 6:
+            q8_row_tile(w, a, y, bias, r, t, 6);
+            break;
+        case 5:
+            q8_row_tile(w, a, y, bias, r, t, 5);
+            break;
+        case 4:
+            q8_row_tile(w, a, y, bias, r, t, 4);
+            break;
         case 3:
-            q8_tile(w, a, y, bias, r, t, 1, 3);
+            q8_row_tile(w, a, y, bias, r, t, 3);
             break;
         case 2:
-            q8_tile(w, a, y, bias, r, t, 1, 2);
+            q8_row_tile(w, a, y, bias, r, t, 2);
             break;
         case 1:
-            q8_row_t1(w, a, y, bias, r, t); /* e.g. the 17th token of a verify block */
+            q8_row_tile(w, a, y, bias, r, t, 1);
             break;
         default:
             break;
