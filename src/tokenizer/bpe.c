@@ -203,24 +203,32 @@ static int scratch_reserve(fm_bpe_scratch *s, size_t n) {
     return 0;
 }
 
-/* Short pieces: repeatedly find the lowest-rank adjacent pair (leftmost on ties) and merge it. */
+/* Short pieces: repeatedly merge the lowest-rank adjacent pair (leftmost on ties). rank[i]/mid[i] cache the
+ * merge of pair (i, i+1) so that each step only looks up the two pairs next to the merged symbol. */
+static void pair_set(const fm_bpe *b, const int32_t *sym, int32_t *rank, int32_t *mid, size_t i) {
+    const merge_slot *m = merge_find(b, sym[i], sym[i + 1]);
+    rank[i] = m ? m->rank : INT32_MAX;
+    mid[i] = m ? m->id : -1;
+}
+
 static void merge_scan(const fm_bpe *b, int32_t *sym, size_t *np) {
+    int32_t rank[SCAN_MAX], mid[SCAN_MAX];
     size_t n = *np;
+    for (size_t i = 0; i + 1 < n; i++) pair_set(b, sym, rank, mid, i);
     while (n > 1) {
-        int32_t best_rank = INT32_MAX, best_id = -1;
         size_t best = 0;
-        for (size_t i = 0; i + 1 < n; i++) {
-            const merge_slot *m = merge_find(b, sym[i], sym[i + 1]);
-            if (m && m->rank < best_rank) {
-                best_rank = m->rank;
-                best_id = m->id;
-                best = i;
-            }
-        }
-        if (best_id < 0) break;
-        sym[best] = best_id;
+        for (size_t i = 1; i + 1 < n; i++)
+            if (rank[i] < rank[best]) best = i;
+        if (rank[best] == INT32_MAX) break;
+        sym[best] = mid[best];
         memmove(sym + best + 1, sym + best + 2, (n - best - 2) * sizeof *sym);
+        if (best + 2 < n) {
+            memmove(rank + best + 1, rank + best + 2, (n - best - 3) * sizeof *rank);
+            memmove(mid + best + 1, mid + best + 2, (n - best - 3) * sizeof *mid);
+        }
         n--;
+        if (best > 0) pair_set(b, sym, rank, mid, best - 1);
+        if (best + 1 < n) pair_set(b, sym, rank, mid, best);
     }
     *np = n;
 }

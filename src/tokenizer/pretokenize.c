@@ -56,22 +56,34 @@ void fm_pretok_free(fm_pretok *p) {
     free(p);
 }
 
+/* One match from pos; on a JIT stack overflow (deep backtracking on long whitespace runs) retries with a
+ * large JIT stack, created only then, so that ordinary calls map no memory. */
+static int pretok_match(const fm_pretok *p, const char *s, size_t n, size_t pos, pcre2_match_data *md,
+                        pcre2_match_context *mc, pcre2_jit_stack **js) {
+    if (!p->jit) return pcre2_match(p->code, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, mc);
+    int m = pcre2_jit_match(p->code, (PCRE2_SPTR)s, n, pos, 0, md, *js ? mc : NULL);
+    if (m == PCRE2_ERROR_JIT_STACKLIMIT && !*js) {
+        *js = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, NULL);
+        if (!*js) return m;
+        pcre2_jit_stack_assign(mc, NULL, *js);
+        m = pcre2_jit_match(p->code, (PCRE2_SPTR)s, n, pos, 0, md, mc);
+    }
+    return m;
+}
+
 int fm_pretok_split(const fm_pretok *p, const char *s, size_t n, fm_pretok_piece_fn fn, void *ctx, char *err,
                     size_t errlen) {
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(p->code, NULL);
     pcre2_match_context *mc = pcre2_match_context_create(NULL);
-    /* A JIT stack larger than the 32 KiB default: long runs of whitespace backtrack deeply. */
-    pcre2_jit_stack *js = p->jit ? pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL) : NULL;
+    pcre2_jit_stack *js = NULL;
     int rc = 0;
-    if (!md || !mc || (p->jit && !js)) {
+    if (!md || !mc) {
         rc = fm_set_error(err, errlen, "pre-tokenizer: out of memory");
         goto done;
     }
-    if (js) pcre2_jit_stack_assign(mc, NULL, js);
     size_t pos = 0, last = 0;
     while (pos < n) {
-        int m = p->jit ? pcre2_jit_match(p->code, (PCRE2_SPTR)s, n, pos, 0, md, mc)
-                       : pcre2_match(p->code, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, mc);
+        int m = pretok_match(p, s, n, pos, md, mc, &js);
         if (m == PCRE2_ERROR_NOMATCH) break;
         if (m < 0) {
             PCRE2_UCHAR msg[160];

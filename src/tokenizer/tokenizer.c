@@ -291,16 +291,44 @@ int fm_tokenizer_is_stop(const fm_tokenizer *t, int32_t id) {
 
 /* ---- encoding ---- */
 
+/* A per-call cache of short pieces' ids (text repeats its words): direct-mapped on a hash of the bytes. */
+#define CACHE_SLOTS 8192
+#define CACHE_KEY 24 /* longest cached piece, bytes */
+#define CACHE_IDS 8  /* most ids a cached piece may have */
+typedef struct {
+    uint8_t len, n_ids; /* len 0 = empty slot */
+    char key[CACHE_KEY];
+    int32_t ids[CACHE_IDS];
+} cache_slot;
+
 typedef struct {
     const fm_tokenizer *tok;
     fm_bpe_scratch scr;
     fm_idvec out;
+    cache_slot *cache; /* [CACHE_SLOTS] or NULL (short texts) */
 } encode_ctx;
 
 static int encode_piece(void *vctx, const char *s, size_t start, size_t end) {
     encode_ctx *c = vctx;
-    return fm_bpe_encode_piece(c->tok->bpe, (const uint8_t *)s + start, end - start, &c->scr, &c->out) ? 1
-                                                                                                       : 0;
+    size_t n = end - start;
+    cache_slot *slot = NULL;
+    if (c->cache && n <= CACHE_KEY) {
+        slot = &c->cache[hash_bytes(s + start, n) & (CACHE_SLOTS - 1)];
+        if (slot->len == n && memcmp(slot->key, s + start, n) == 0) {
+            for (int i = 0; i < slot->n_ids; i++)
+                if (fm_idvec_push(&c->out, slot->ids[i]) != 0) return 1;
+            return 0;
+        }
+    }
+    size_t before = c->out.n;
+    if (fm_bpe_encode_piece(c->tok->bpe, (const uint8_t *)s + start, n, &c->scr, &c->out) != 0) return 1;
+    if (slot && c->out.n - before <= CACHE_IDS) {
+        slot->len = (uint8_t)n;
+        slot->n_ids = (uint8_t)(c->out.n - before);
+        memcpy(slot->key, s + start, n);
+        memcpy(slot->ids, c->out.v + before, slot->n_ids * sizeof(int32_t));
+    }
+    return 0;
 }
 
 /* Normalises and splits one segment of plain text (no added tokens inside). */
@@ -344,6 +372,7 @@ int fm_tokenizer_encode(const fm_tokenizer *t, const char *text, size_t len, int
         text = fixed;
     }
     encode_ctx c = {.tok = t};
+    if (len > 4096) c.cache = calloc(CACHE_SLOTS, sizeof *c.cache); /* NULL is fine: no cache */
     int rc = 0;
     size_t seg = 0;
     for (size_t i = 0; i < len && rc == 0;) {
@@ -362,6 +391,7 @@ int fm_tokenizer_encode(const fm_tokenizer *t, const char *text, size_t len, int
     }
     if (rc == 0 && seg < len) rc = encode_segment(&c, text + seg, len - seg, err, errlen);
     fm_bpe_scratch_free(&c.scr);
+    free(c.cache);
     free(fixed);
     if (rc != 0) {
         free(c.out.v);
