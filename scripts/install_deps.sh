@@ -2,7 +2,7 @@
 # install_deps.sh: installs what building and testing flashmap needs on Debian 12, only what is missing.
 # Build: a C compiler, CMake, pkg-config and the libraries below. Tests: python3 (standard library only).
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libpcre2-dev libutf8proc-dev libcjson-dev libcurl4-openssl-dev
+pkgs=(build-essential cmake pkg-config libpcre2-dev libutf8proc-dev libcjson-dev libcurl4-openssl-dev libssl-dev
       clang-14 libclang-rt-14-dev python3)
 missing=()
 for p in "${pkgs[@]}"; do

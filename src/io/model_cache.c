@@ -279,11 +279,9 @@ static int hash_file(const char *path, const fm_pull_opts *o, char hex[65], char
     }
     free(buf);
     close(fd);
-    if (rc == 0) {
-        uint8_t d[32];
-        fm_sha256_final(&h, d);
-        fm_sha256_hex(d, hex);
-    }
+    uint8_t d[32];
+    fm_sha256_final(&h, d); /* also on failure: it releases the context */
+    if (rc == 0) fm_sha256_hex(d, hex);
     return rc;
 }
 
