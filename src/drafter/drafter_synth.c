@@ -211,7 +211,8 @@ int fm_drafter_synth(const fm_drafter_synth_params *p, int target_dim, int targe
     if (!rc) rc = norm(&s, "state_norm.weight", H, 1.0f, 0.1f);
     if (!rc) rc = norm(&s, "noise_norm.weight", H, 1.0f, 0.1f);
     if (!rc) rc = add(&s, "noise_gate", 1, 1, 0, 1.0f, 0.0f, 0, 0);
-    /* A small x_embed gain: every slot starts from this same row, so it should not drown the slots' differences. */
+    /* A small x_embed gain: every slot starts from this same row, so it should not drown the slots'
+     * differences. */
     if (!rc) rc = linear(&s, "x_embed", D, H, 0.3f, 1);
     /* Time conditioning. */
     if (!rc) rc = linear(&s, "time_embed.linear_1", C, TD, 1.0f, 1);
