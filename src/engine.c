@@ -7,6 +7,9 @@
 #include "cpu/cpu_features.h"
 #include "drafter/flashmap_drafter.h"
 #include "engine_internal.h"
+#ifdef FLASHMAP_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 enum { DEFAULT_CTX = 4096, DEFAULT_PREFILL_CHUNK = 256 };
 
@@ -21,11 +24,34 @@ void fm_generate_params_init(fm_generate_params *p) {
     p->fallback = 1;
 }
 
+/* AUTO picks the GPU when the build has CUDA, a device is present and the target is Q8_0 (what the CUDA
+ * kernels read); CUDA asked for explicitly must be usable. */
+static int choose_device(fm_engine *e, fm_device device, char *err, size_t errlen) {
+    e->use_cuda = 0;
+#ifdef FLASHMAP_HAVE_CUDA
+    if (device == FM_DEVICE_CPU) return 0;
+    const int gpu = fm_cuda_available(), q8 = e->model->tok_embd.dtype == FM_DTYPE_Q8_0;
+    if (device == FM_DEVICE_CUDA && !gpu) return fm_set_error(err, errlen, "--device cuda: no usable CUDA device");
+    if (device == FM_DEVICE_CUDA && !q8)
+        return fm_set_error(err, errlen, "--device cuda: the CUDA backend runs Q8_0 targets; this one is %s",
+                            fm_dtype_name(e->model->tok_embd.dtype));
+    e->use_cuda = gpu && q8;
+#else
+    (void)e;
+    (void)device;
+    (void)err;
+    (void)errlen;
+#endif
+    return 0;
+}
+
 int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t errlen) {
     *out = NULL;
     if (!p->model_path) return fm_set_error(err, errlen, "no target model given (-m MODEL.gguf)");
+#ifndef FLASHMAP_HAVE_CUDA
     if (p->device == FM_DEVICE_CUDA)
-        return fm_set_error(err, errlen, "--device cuda: this build has no CUDA backend for the engine yet");
+        return fm_set_error(err, errlen, "--device cuda: this build has no CUDA backend (rebuild with nvcc present)");
+#endif
     fm_engine *e = calloc(1, sizeof *e);
     if (!e) return fm_set_error(err, errlen, "out of memory");
     if (qwen3_model_load(p->model_path, &e->model, err, errlen)) goto fail;
@@ -66,6 +92,7 @@ int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t
             goto fail;
         }
     }
+    if (choose_device(e, p->device, err, errlen)) goto fail;
     fm_engine_load_tokenizer(e);
     *out = e;
     return 0;
@@ -104,7 +131,7 @@ void fm_engine_get_info(const fm_engine *e, fm_engine_info *info) {
         info->drafter_layers = fm_drafter_hp(e->drafter)->n_layers;
         info->drafter_dim = fm_drafter_hp(e->drafter)->dim;
     }
-    info->device = "cpu";
+    info->device = e->use_cuda ? "cuda" : "cpu";
     info->isa = fm_isa_name(fm_cpu_isa());
 }
 
@@ -114,13 +141,27 @@ int fm_session_create(fm_engine *e, fm_session **out, char *err, size_t errlen) 
     if (!s) return fm_set_error(err, errlen, "out of memory");
     /* One eval takes a prefill chunk or a verify block, whichever is larger. */
     const int max_eval = e->prefill_chunk > FM_MAX_BLOCK + 1 ? e->prefill_chunk : FM_MAX_BLOCK + 1;
-    if (fm_cpu_backend_create(e->model, e->drafter, e->pool, e->n_ctx, max_eval, e->capture, e->n_capture, &s->cpu,
-                              err, errlen)) {
-        free(s);
-        return -1;
+#ifdef FLASHMAP_HAVE_CUDA
+    if (e->use_cuda) {
+        fm_cuda_backend *gpu = NULL;
+        if (fm_cuda_backend_create(e->model, e->drafter, e->n_ctx, max_eval, e->capture, e->n_capture, &gpu, err,
+                                   errlen)) {
+            free(s);
+            return -1;
+        }
+        s->cuda = gpu;
+        s->backend = fm_cuda_backend_ops(gpu);
+    }
+#endif
+    if (!s->cuda) {
+        if (fm_cpu_backend_create(e->model, e->drafter, e->pool, e->n_ctx, max_eval, e->capture, e->n_capture,
+                                  &s->cpu, err, errlen)) {
+            free(s);
+            return -1;
+        }
+        s->backend = fm_cpu_backend_ops(s->cpu);
     }
     s->e = e;
-    s->backend = fm_cpu_backend_ops(s->cpu);
     fm_session_reset(s);
     *out = s;
     return 0;
@@ -129,6 +170,9 @@ int fm_session_create(fm_engine *e, fm_session **out, char *err, size_t errlen) 
 void fm_session_free(fm_session *s) {
     if (!s) return;
     fm_cpu_backend_free(s->cpu);
+#ifdef FLASHMAP_HAVE_CUDA
+    fm_cuda_backend_free(s->cuda);
+#endif
     free(s);
 }
 

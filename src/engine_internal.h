@@ -19,11 +19,13 @@ struct fm_engine {
     fm_pool *pool;
     int n_ctx, prefill_chunk;
     int capture[FM_DRAFTER_MAX_CAPTURE], n_capture;
+    int use_cuda; /* sessions run on the GPU backend */
 };
 
 struct fm_session {
     fm_engine *e;
-    fm_cpu_backend *cpu;
+    fm_cpu_backend *cpu;   /* one of cpu / cuda is set */
+    void *cuda;            /* fm_cuda_backend, when the engine runs on the GPU */
     fm_decode_backend backend;
     fm_decode_averages avg;
     int has_next; /* the last generated token is not in the cache yet */
