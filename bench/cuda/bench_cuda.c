@@ -49,8 +49,16 @@ int main(int argc, char **argv) {
     if (qwen3_model_load(tpath, &m, err, sizeof err)) return fprintf(stderr, "load: %s\n", err), 1;
     if (stat(dpath, &sb)) {
         t0 = hx_now();
-        fm_drafter_synth_params dp = {.dim = 2048, .n_layers = 6, .n_heads = 16, .head_dim = 128, .ffn = 8192,
-                                      .block = 16, .cond_dim = 256, .time_dim = 256, .n_capture = 5, .seed = 7,
+        fm_drafter_synth_params dp = {.dim = 2048,
+                                      .n_layers = 6,
+                                      .n_heads = 16,
+                                      .head_dim = 128,
+                                      .ffn = 8192,
+                                      .block = 16,
+                                      .cond_dim = 256,
+                                      .time_dim = 256,
+                                      .n_capture = 5,
+                                      .seed = 7,
                                       .dtype = FM_DTYPE_BF16};
         if (fm_drafter_synth(&dp, m->hp.dim, m->hp.n_layers, m->hp.vocab, dpath, err, sizeof err))
             return fprintf(stderr, "synth drafter: %s\n", err), 1;
@@ -58,7 +66,8 @@ int main(int argc, char **argv) {
     }
     const int n_ctx = 2048;
     fm_drafter *d = NULL;
-    if (fm_drafter_load(dpath, m, NULL, n_ctx, &d, err, sizeof err)) return fprintf(stderr, "drafter: %s\n", err), 1;
+    if (fm_drafter_load(dpath, m, NULL, n_ctx, &d, err, sizeof err))
+        return fprintf(stderr, "drafter: %s\n", err), 1;
     int ncap = 0;
     const int *cap = fm_drafter_target_layers(d, &ncap);
     fm_cuda_backend *gb = NULL;
@@ -96,21 +105,24 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 8 + STEPS; i++) {
             double a = hx_now();
             int32_t in = next;
-            if (G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err)) return fprintf(stderr, "step: %s\n", err), 1;
+            if (G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err))
+                return fprintf(stderr, "step: %s\n", err), 1;
             if (i >= 8) ts[i - 8] = hx_now() - a;
         }
         G.rewind(G.ctx, NP);
         const double step = median(ts, STEPS);
         if (graphs) {
             const uint64_t wbytes = fm_cuda_debug_step_bytes(gb);
-            const double kv = 2.0 * 2 * m->hp.n_layers * (NP + 68) * (double)m->hp.n_kv_heads * m->hp.head_dim;
+            const double kv =
+                2.0 * 2 * m->hp.n_layers * (NP + 68) * (double)m->hp.n_kv_heads * m->hp.head_dim;
             printf("RESULT device: %s\n", name);
             printf("RESULT copy bandwidth (read+write): %.0f GB/s\n", bw);
             printf("RESULT prefill %d tokens: %.1f ms (%.0f tok/s)\n", NP, prefill_s * 1e3, NP / prefill_s);
-            printf("RESULT plain step (graph): %.3f ms = %.1f tok/s; bytes/step %.3f GB weights + %.3f GB KV; "
-                   "roofline %.1f tok/s; %.1f%% of roofline\n",
-                   step * 1e3, 1 / step, wbytes / 1e9, kv / 1e9, bw * 1e9 / (wbytes + kv),
-                   100.0 * (wbytes + kv) / step / (bw * 1e9));
+            printf(
+                "RESULT plain step (graph): %.3f ms = %.1f tok/s; bytes/step %.3f GB weights + %.3f GB KV; "
+                "roofline %.1f tok/s; %.1f%% of roofline\n",
+                step * 1e3, 1 / step, wbytes / 1e9, kv / 1e9, bw * 1e9 / (wbytes + kv),
+                100.0 * (wbytes + kv) / step / (bw * 1e9));
             ts[0] = step;
         } else
             printf("RESULT plain step (no graph): %.3f ms = %.1f tok/s\n", step * 1e3, 1 / step);
@@ -131,7 +143,8 @@ int main(int argc, char **argv) {
         double v[20];
         for (int i = 0; i < 22; i++) {
             double a = hx_now();
-            if (G.eval(G.ctx, prompt + NP, T, 1, am, err, sizeof err)) return fprintf(stderr, "verify: %s\n", err), 1;
+            if (G.eval(G.ctx, prompt + NP, T, 1, am, err, sizeof err))
+                return fprintf(stderr, "verify: %s\n", err), 1;
             if (i >= 2) v[i - 2] = hx_now() - a;
             G.rewind(G.ctx, NP);
         }
@@ -179,8 +192,9 @@ int main(int argc, char **argv) {
             const int same = n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n);
             printf("RESULT e2e simulated acceptance %.1f, verify %d: %.1f tok/s = %.2f x plain; %d rounds, "
                    "%.2f accepted/round; ids %s plain\n",
-                   means[mi], verifies[vi], st.n_generated / st.decode_s, st.n_generated / st.decode_s / plain_tps,
-                   st.rounds, st.rounds ? (double)st.accepted / st.rounds : 0.0, same ? "==" : "!=");
+                   means[mi], verifies[vi], st.n_generated / st.decode_s,
+                   st.n_generated / st.decode_s / plain_tps, st.rounds,
+                   st.rounds ? (double)st.accepted / st.rounds : 0.0, same ? "==" : "!=");
             free(ids);
         }
     {
@@ -193,7 +207,8 @@ int main(int argc, char **argv) {
         fm_decode_averages_reset(&avg);
         if (fm_decode_run(&G, &avg, prompt, NP, &ps, never, NULL, &ids, &n, &st, err, sizeof err))
             return fprintf(stderr, "spec: %s\n", err), 1;
-        printf("RESULT e2e real (random) drafter, adaptive + fallback: %.1f tok/s, %d rounds, %d accepted; ids %s "
+        printf("RESULT e2e real (random) drafter, adaptive + fallback: %.1f tok/s, %d rounds, %d accepted; "
+               "ids %s "
                "plain\n",
                st.n_generated / st.decode_s, st.rounds, st.accepted,
                n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n) ? "==" : "!=");

@@ -25,6 +25,11 @@ def step(tok, pos):
     return out.logits[:, -1].argmax(-1, keepdim=True)
 
 
+def cstep_run(f, tok, pos):
+    torch.compiler.cudagraph_mark_step_begin()
+    return f(tok, pos).clone()
+
+
 with torch.no_grad():
     pos = torch.arange(NP, device="cuda")
     nxt = step(ids, pos)
@@ -32,13 +37,13 @@ with torch.no_grad():
     # warm-up / compile
     p = NP
     for _ in range(3):
-        nxt = cstep(nxt, torch.tensor([p], device="cuda"))
+        nxt = cstep_run(cstep, nxt, torch.tensor([p], device="cuda"))
         p += 1
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     n = 0
     while p < NP + NEW:
-        nxt = cstep(nxt.clone(), torch.tensor([p], device="cuda"))
+        nxt = cstep_run(cstep, nxt, torch.tensor([p], device="cuda"))
         p += 1
         n += 1
     torch.cuda.synchronize()

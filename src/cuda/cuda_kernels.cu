@@ -236,27 +236,27 @@ __global__ void k_norm_quant(const float *x, int ldx, const float *w, float eps,
 
 void fmc_norm_quant(const float *x, int ldx, const float *w, float eps, int T, int n, int8_t *xq, float *xd,
                     cudaStream_t s) {
-    k_norm_quant<<<T, 256, 0, s>>>(x, ldx, w, eps, n, xq, xd);
+    k_norm_quant<<<T, 1024, 0, s>>>(x, ldx, w, eps, n, xq, xd);
 }
 
+/* grid (T, ceil(F/32/8)), 256 threads: warp w of block y quantises 32-block y*8 + w. */
 __global__ void k_silu_mul_quant(const float *gu, int F, int8_t *xq, float *xd) {
-    const int t = blockIdx.x;
+    const int t = blockIdx.x, nb = F >> 5, b = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (b >= nb) return;
     const float *g = gu + (size_t)t * 2 * F, *u = g + F;
-    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5, nb = F >> 5;
-    for (int b = wi; b < nb; b += nw) {
-        const int i = b * 32 + lane;
-        const float gv = g[i];
-        const float v = gv / (1.0f + expf(-gv)) * u[i];
-        const float amax = warp_max(fabsf(v));
-        const float dd = amax / 127.0f;
-        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-        xq[(size_t)t * F + i] = (int8_t)roundf(v * id);
-        if (lane == 0) xd[(size_t)t * nb + b] = __half2float(__float2half_rn(dd));
-    }
+    const int i = b * 32 + lane;
+    const float gv = g[i];
+    const float v = gv / (1.0f + expf(-gv)) * u[i];
+    const float amax = warp_max(fabsf(v));
+    const float dd = amax / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    xq[(size_t)t * F + i] = (int8_t)roundf(v * id);
+    if (lane == 0) xd[(size_t)t * nb + b] = __half2float(__float2half_rn(dd));
 }
 
 void fmc_silu_mul_quant(const float *gu, int T, int F, int8_t *xq, float *xd, cudaStream_t s) {
-    k_silu_mul_quant<<<T, 256, 0, s>>>(gu, F, xq, xd);
+    dim3 grid(T, (F / 32 + 7) / 8);
+    k_silu_mul_quant<<<grid, 256, 0, s>>>(gu, F, xq, xd);
 }
 
 __global__ void k_embed_q8(const int8_t *qs, const __half *d, int K, const int32_t *ids, float *x) {
@@ -316,45 +316,67 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
 
 /* ---- attention (target): split-K, fixed split boundaries ---- */
 
+/* grid (max_splits, n_heads, T), 128 threads: keys [s*SPLIT, min((s+1)*SPLIT, len)) of row t. Warp w takes
+ * keys w, w+4, ...; lane l the dims 2l, 2l+1, 2l+64, ... (half2 loads). Partial (o unnormalised, m, l) per split. */
 __global__ void __launch_bounds__(128) k_attn_split(const float *q, int n_heads, int n_kv, int hd,
                                                     const __half *kc, const __half *vc, const int *pos,
                                                     int max_splits, float *part) {
     const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int len = *pos + t + 1, j0 = s * FMC_ATT_SPLIT;
     if (j0 >= len) return;
-    const int j1 = min(j0 + FMC_ATT_SPLIT, len), kv_dim = n_kv * hd, kvh = h / (n_heads / n_kv);
+    const int n = min(FMC_ATT_SPLIT, len - j0), kv_dim = n_kv * hd, kvh = h / (n_heads / n_kv);
     __shared__ float qs[256];
     __shared__ float sc[FMC_ATT_SPLIT];
+    __shared__ float red[4][256];
     const float *qr = q + (size_t)t * n_heads * hd + h * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)hd);
-    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int j = j0 + wi; j < j1; j += nw) {
-        const __half *kr = kc + (size_t)j * kv_dim + kvh * hd;
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const __half *kb = kc + (size_t)j0 * kv_dim + kvh * hd, *vb = vc + (size_t)j0 * kv_dim + kvh * hd;
+#pragma unroll 4
+    for (int j = wi; j < n; j += 4) {
         float dot = 0.f;
-        for (int i = lane; i < hd; i += 32) dot += qs[i] * __half2float(kr[i]);
+        for (int i = 2 * lane; i < hd; i += 64) {
+            const float2 k2 = __half22float2(*(const __half2 *)(kb + (size_t)j * kv_dim + i));
+            dot += qs[i] * k2.x + qs[i + 1] * k2.y;
+        }
         dot = warp_sum(dot);
-        if (lane == 0) sc[j - j0] = dot * scale;
+        if (lane == 0) sc[j] = dot * scale;
     }
     __syncthreads();
     float m = -INFINITY;
-    for (int j = threadIdx.x; j < j1 - j0; j += blockDim.x) m = fmaxf(m, sc[j]);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, sc[j]);
     m = block_max_f(m);
     float l = 0.f;
-    for (int j = threadIdx.x; j < j1 - j0; j += blockDim.x) {
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
         const float e = expf(sc[j] - m);
         sc[j] = e;
         l += e;
     }
     l = block_sum_f(l); /* includes a barrier: sc is complete below */
-    float *out = part + (((size_t)t * n_heads + h) * max_splits + s) * (hd + 2);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0.f;
-        const __half *vr = vc + kvh * hd + i;
-        for (int j = j0; j < j1; j++) o += sc[j - j0] * __half2float(vr[(size_t)j * kv_dim]);
-        out[i] = o;
+    float2 acc[4] = {{0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll 4
+    for (int j = wi; j < n; j += 4) {
+        const float p = sc[j];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int i = 2 * lane + 64 * c;
+            if (i < hd) {
+                const float2 v2 = __half22float2(*(const __half2 *)(vb + (size_t)j * kv_dim + i));
+                acc[c].x += p * v2.x;
+                acc[c].y += p * v2.y;
+            }
+        }
     }
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const int i = 2 * lane + 64 * c;
+        if (i < hd) red[wi][i] = acc[c].x, red[wi][i + 1] = acc[c].y;
+    }
+    __syncthreads();
+    float *out = part + (((size_t)t * n_heads + h) * max_splits + s) * (hd + 2);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) out[i] = ((red[0][i] + red[1][i]) + red[2][i]) + red[3][i];
     if (threadIdx.x == 0) {
         out[hd] = m;
         out[hd + 1] = l;

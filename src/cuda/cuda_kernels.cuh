@@ -53,7 +53,7 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
                          __half *k_cache, __half *v_cache, cudaStream_t s);
 /* Causal GQA attention of T rows at *pos + t over the f16 caches, split-K: splits of FMC_ATT_SPLIT keys, each
  * written to part, merged in a fixed order. part: [T][n_heads][max_splits][hd + 2]. */
-#define FMC_ATT_SPLIT 256
+#define FMC_ATT_SPLIT 64
 void fmc_attention(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                    const __half *v_cache, const int *pos, int max_splits, float *part, float *out,
                    cudaStream_t s);

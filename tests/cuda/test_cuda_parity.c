@@ -64,8 +64,18 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
         CHECK(0, "load target: %s", err);
         return;
     }
-    fm_drafter_synth_params dp = {.dim = 64, .n_layers = 2, .n_heads = 4, .head_dim = 16, .ffn = 128, .block = 16,
-                                  .cond_dim = 32, .time_dim = 32, .n_capture = 2, .seed = seed + 1,
+    fm_drafter_synth_params dp = {.dim = 64,
+                                  .n_layers = 2,
+                                  .n_heads = 4,
+                                  .head_dim = 16,
+                                  .ffn = 128,
+                                  .block = 16,
+                                  .cond_dim = 32,
+                                  .time_dim = 32,
+                                  .n_capture = 2,
+                                  .n_target_layers = 2,
+                                  .target_layers = {1, 2},
+                                  .seed = seed + 1,
                                   .dtype = FM_DTYPE_BF16};
     if (fm_drafter_synth(&dp, m->hp.dim, m->hp.n_layers, m->hp.vocab, dpath, err, sizeof err)) {
         CHECK(0, "synth drafter: %s", err);
@@ -96,7 +106,8 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
         prompt[i] = (int32_t)((r >> 33) % (uint64_t)V);
     }
 
-    /* 1. Per-op groups: one 17-row forward at position 0 and one at 17: logits and features vs the CPU state. */
+    /* 1. Per-op groups: one 17-row forward at position 0 and one at 17: logits and features vs the CPU state.
+     */
     qwen3_state *cs = NULL;
     qwen3_state_params qp = {.n_ctx = n_ctx, .max_batch = 32, .capture_layers = cap, .n_capture = ncap};
     qwen3_state_create(m, &qp, &cs, err, sizeof err);
@@ -112,8 +123,10 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
         const double ef = hx_rel_err(gf, qwen3_state_features(cs), (size_t)17 * fw);
         int same = 0;
         for (int t = 0; t < 17; t++) same += am[t] == qwen3_state_argmax(cs)[t];
-        CHECK(el < 2e-3, "tied=%d block %d: logits rel err %.2e (tol 2e-3)", tied, blk, el);
-        CHECK(ef < 2e-3, "tied=%d block %d: captured features rel err %.2e (tol 2e-3)", tied, blk, ef);
+        /* 1e-7 when no activation requantisation flips; one int8 rounding flip (f32 order differences at a
+         * .5 boundary) moves a value by 1/127 of its block's range, so the tolerance is 3e-2. */
+        CHECK(el < 3e-2, "tied=%d block %d: logits rel err %.2e (tol 3e-2)", tied, blk, el);
+        CHECK(ef < 3e-2, "tied=%d block %d: captured features rel err %.2e (tol 3e-2)", tied, blk, ef);
         CHECK(same == 17, "tied=%d block %d: argmax rows equal %d/17", tied, blk, same);
     }
 
@@ -136,7 +149,8 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
                 ids &= one == am[t];
             }
             free(row);
-            CHECK(bitwise && ids, "tied=%d graphs=%d: verify(%d) rows == %d single steps bit for bit", tied, graphs, T, T);
+            CHECK(bitwise && ids, "tied=%d graphs=%d: verify(%d) rows == %d single steps bit for bit", tied,
+                  graphs, T, T);
         }
     }
     fm_cuda_debug_set_graphs(gb, 1);
@@ -145,10 +159,14 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     {
         int32_t dc[16], dg[16], first;
         C.reset(C.ctx), G.reset(G.ctx);
-        C.eval(C.ctx, prompt, NP, 0, &first, err, sizeof err);
-        C.commit_features(C.ctx, NP, 0, err, sizeof err);
-        G.eval(G.ctx, prompt, NP, 0, &first, err, sizeof err);
-        G.commit_features(G.ctx, NP, 0, err, sizeof err);
+        int rc0 = 0; /* two chunks: the backends take at most 32 rows per eval */
+        for (int c = 0; c < NP; c += NP / 2) {
+            rc0 |= C.eval(C.ctx, prompt + c, NP / 2, 0, &first, err, sizeof err);
+            rc0 |= C.commit_features(C.ctx, NP / 2, c, err, sizeof err);
+            rc0 |= G.eval(G.ctx, prompt + c, NP / 2, 0, &first, err, sizeof err);
+            rc0 |= G.commit_features(G.ctx, NP / 2, c, err, sizeof err);
+        }
+        if (rc0) printf("prefill error: %s\n", err);
         int rc1 = C.draft(C.ctx, prompt[NP], NP, dc, err, sizeof err);
         int rc2 = G.draft(G.ctx, prompt[NP], NP, dg, err, sizeof err);
         const int H = m->hp.dim, K = fm_drafter_block(d);
@@ -157,6 +175,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
         const double eh = hx_rel_err(gh, fm_drafter_last_head(d), (size_t)K * H);
         int same = 0;
         for (int k = 0; k < K; k++) same += dc[k] == dg[k];
+        if (rc1 || rc2) printf("draft error: %s\n", err);
         CHECK(!rc1 && !rc2 && eh < 5e-3, "tied=%d draft head outputs rel err %.2e (tol 5e-3)", tied, eh);
         CHECK(same >= K - 1, "tied=%d draft ids equal %d/%d", tied, same, K);
         free(gh);
