@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "core/rng.h"
 
 enum { ADAPTIVE_SMALL_K = 7, FALLBACK_MIN_ROUNDS = 4, FALLBACK_PLAIN_STRETCH = 16 };
 static const double FALLBACK_MARGIN = 0.85, ADAPTIVE_THRESHOLD = 5.0;
@@ -68,16 +69,9 @@ static int prefill(const fm_decode_backend *b, const int32_t *ids, int n, int32_
 }
 
 /* Binomial(n, p) from a splitmix64 stream: reproducible simulated acceptance. */
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int binomial(uint64_t *rng, int n, double p) {
     int k = 0;
-    for (int i = 0; i < n; i++) k += (double)(splitmix64(rng) >> 11) * 0x1.0p-53 < p;
+    for (int i = 0; i < n; i++) k += fm_rng_uniform(rng) < p;
     return k;
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "drafter/flashmap_drafter.h"
 #include "io/safetensors.h"
 
@@ -24,13 +25,6 @@ typedef struct {
     float gate_center;
 } synth_fill;
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t name_hash(const char *s) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
@@ -42,7 +36,7 @@ static void synth_fill_fn(void *ctx, void *dst, size_t size) {
     uint64_t s = f->stream;
     size_t es = (size_t)fm_dtype_block_bytes(f->dtype), n = size / es;
     for (size_t i = 0; i < n; i++) {
-        float u = (float)((splitmix64(&s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; /* [-1, 1) */
+        float u = (float)((fm_splitmix64(&s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; /* [-1, 1) */
         float c = f->center;
         if (f->chunk > 0 && (int64_t)i / f->chunk == 2) c = f->gate_center;
         float v = c + f->spread * u;
