@@ -1,0 +1,16 @@
+/* attention_kernels.h: the inner loops of attention over an f16 KV cache, per ISA (attention.c picks one per
+ * call from fm_cpu_isa()). Within one level the result of a (row, head) never depends on the batch. */
+#ifndef FM_CPU_ATTENTION_KERNELS_H
+#define FM_CPU_ATTENTION_KERNELS_H
+
+#include <stdint.h>
+
+/* sum_i q[i] * f32(k[i]) */
+typedef float (*fm_attn_dot_fn)(const float *q, const uint16_t *k, int n);
+/* o[i] += p * f32(v[i]) */
+typedef void (*fm_attn_axpy_fn)(float *o, float p, const uint16_t *v, int n);
+
+float fm_attn_dot_f16_avx2(const float *q, const uint16_t *k, int n);
+void fm_attn_axpy_f16_avx2(float *o, float p, const uint16_t *v, int n);
+
+#endif
