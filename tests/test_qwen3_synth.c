@@ -172,6 +172,10 @@ static void test_tiny(void) {
         CHECK_NEAR(sqrt(sq / 4096), 1.0 / 8, 0.01);
         CHECK_NEAR(sqrt(so / 4096), 1.0 / 8 / 2, 0.01);
         for (int i = 0; i < 64; i++) CHECK(fabsf(load_f32(tn, i) - 1.0f) < 0.2f);
+        const gguf_tensor *tqn = gguf_find_tensor(f, "blk.1.attn_q_norm.weight"),
+                          *ton = gguf_find_tensor(f, "output_norm.weight");
+        for (int i = 0; tqn && i < 16; i++) CHECK(fabsf(load_f32(tqn, i) - 3.0f) < 0.6f);
+        for (int i = 0; ton && i < 64; i++) CHECK(fabsf(load_f32(ton, i) - 4.0f) < 0.8f);
         /* row norms of the token table differ: their spread (log std) is near 0.5 */
         double sl = 0, sl2 = 0;
         for (int64_t r = 0; r < te->ne[1]; r++) {

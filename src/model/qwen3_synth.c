@@ -10,13 +10,17 @@
  *     about unit RMS (their inputs are RMS-normalised);
  *   - projections writing to it (attn_output, ffn_down): the same divided by sqrt(2 * n_layers), so the
  *     stream grows to O(1) RMS over all layers instead of exploding (activations stay finite at 36 layers);
- *   - norm weights: 1 + 0.05 x;
- *   - token table and output rows: x / sqrt(dim) times a per-row factor exp(0.5 z), z a four-uniform sum
- *     of std 1. Logits then have a moderate scale (std ~ the row factor), and rows of distinct norms widen
- *     the gap between the best and second-best token (a numpy study with random hidden states gave a median
- *     top-2 gap of 0.9 logit std instead of 0.19 with equal norms), so greedy decisions are rarely near-ties
- *     that rounding differences between kernels could flip. The embedding being small next to the block
- *     outputs also keeps a tied model from simply predicting its input token again.
+ *   - norm weights: c (1 + 0.05 x), c = 1 for attn_norm / ffn_norm, 3 for attn_q_norm / attn_k_norm
+ *     (attention scores of std ~3: each position attends to a few others instead of a context average,
+ *     which would give every position the same hidden state and a greedy output of one repeated token);
+ *   - token table and output rows: 0.25 x / sqrt(dim) times a per-row factor exp(0.5 z), z a four-uniform
+ *     sum of std 1, and output_norm c = 4, so logits have std ~ the row factor. A token table small next
+ *     to the block outputs keeps a tied model from predicting its input token again; rows of distinct norms
+ *     widen the gap between the best and second-best token (with random hidden states: a median top-2 gap
+ *     of 0.9 logit std instead of 0.19 with equal norms), so greedy decisions are rarely near-ties that
+ *     rounding differences between kernels could flip.
+ *   These constants were chosen with a numpy forward pass of 36-layer models (tests/test_synth_gguf_py.py
+ *   checks the same properties): hidden RMS stays O(1), greedy continuations vary, top-2 gaps are wide.
  * Every value is hash(seed, tensor name, element index): a pure function, so any split over threads gives the
  * same file. Q8_0 tensors are those f32 values quantised per 32-block as ggml's quantize_row_q8_0_ref. */
 #include "model/qwen3_synth.h"
@@ -35,7 +39,10 @@
 #define SYNTH_MAX_SIZE (1 << 24) /* any single dimension */
 #define SYNTH_MAX_LAYERS 4096
 #define SYNTH_NORM_JITTER 0.05f
-#define SYNTH_ROW_SPREAD 0.5 /* log-std of the token-row norm factors */
+#define SYNTH_ROW_SPREAD 0.5    /* log-std of the token-row norm factors */
+#define SYNTH_TOKEN_SCALE 0.25f /* token rows: SYNTH_TOKEN_SCALE / sqrt(dim) */
+#define SYNTH_QK_NORM 3.0f      /* q/k norm weights: sharper attention */
+#define SYNTH_OUT_NORM 4.0f     /* output_norm weights: 1 / SYNTH_TOKEN_SCALE, logits of std ~1 */
 /* Qwen2/Qwen3 tokenizers have 151643 base tokens plus up to a few hundred specials; their models use this. */
 #define QWEN_VOCAB_BASE 151643
 #define QWEN_VOCAB_PADDED 151936
@@ -203,8 +210,8 @@ static inline float triangular(uint32_t w) {
  * one 64-bit hash serves two values (generation is about twice as fast as one hash per value). */
 static void gen_row(const synth_tensor *t, int64_t row, float *out) {
     const uint64_t first = (uint64_t)row * (uint64_t)t->cols;
-    const float s = t->kind == KIND_NORM ? SYNTH_NORM_JITTER : t->scale * row_factor(t, row);
-    const float add = t->kind == KIND_NORM ? 1.0f : 0.0f;
+    const float s = t->kind == KIND_NORM ? SYNTH_NORM_JITTER * t->scale : t->scale * row_factor(t, row);
+    const float add = t->kind == KIND_NORM ? t->scale : 0.0f; /* norms: scale * (1 + jitter x) */
     uint64_t h = mix64(t->key + (first >> 1) * GOLDEN);
     for (int64_t c = 0; c < t->cols; c++) {
         const uint64_t i = first + (uint64_t)c;
@@ -303,22 +310,23 @@ static int build_specs(const qwen3_synth_params *p, synth_tensor *ts, int cap) {
         }                                                                                                    \
         n++;                                                                                                 \
     } while (0)
-    ADD(KIND_TOKENS, p->vocab, dim, 1.0f / sqrtf((float)dim), "token_embd.weight");
+    const float tok = SYNTH_TOKEN_SCALE / sqrtf((float)dim);
+    ADD(KIND_TOKENS, p->vocab, dim, tok, "token_embd.weight");
     for (int l = 0; l < p->n_layers; l++) {
-        ADD(KIND_NORM, 1, dim, 0, "blk.%d.attn_norm.weight", l);
+        ADD(KIND_NORM, 1, dim, 1.0f, "blk.%d.attn_norm.weight", l);
         ADD(KIND_MATRIX, q_dim, dim, 1.0f / sqrtf((float)dim), "blk.%d.attn_q.weight", l);
         ADD(KIND_MATRIX, kv_dim, dim, 1.0f / sqrtf((float)dim), "blk.%d.attn_k.weight", l);
         ADD(KIND_MATRIX, kv_dim, dim, 1.0f / sqrtf((float)dim), "blk.%d.attn_v.weight", l);
         ADD(KIND_MATRIX, dim, q_dim, resid / sqrtf((float)q_dim), "blk.%d.attn_output.weight", l);
-        ADD(KIND_NORM, 1, p->head_dim, 0, "blk.%d.attn_q_norm.weight", l);
-        ADD(KIND_NORM, 1, p->head_dim, 0, "blk.%d.attn_k_norm.weight", l);
-        ADD(KIND_NORM, 1, dim, 0, "blk.%d.ffn_norm.weight", l);
+        ADD(KIND_NORM, 1, p->head_dim, SYNTH_QK_NORM, "blk.%d.attn_q_norm.weight", l);
+        ADD(KIND_NORM, 1, p->head_dim, SYNTH_QK_NORM, "blk.%d.attn_k_norm.weight", l);
+        ADD(KIND_NORM, 1, dim, 1.0f, "blk.%d.ffn_norm.weight", l);
         ADD(KIND_MATRIX, p->ffn, dim, 1.0f / sqrtf((float)dim), "blk.%d.ffn_gate.weight", l);
         ADD(KIND_MATRIX, p->ffn, dim, 1.0f / sqrtf((float)dim), "blk.%d.ffn_up.weight", l);
         ADD(KIND_MATRIX, dim, p->ffn, resid / sqrtf((float)p->ffn), "blk.%d.ffn_down.weight", l);
     }
-    ADD(KIND_NORM, 1, dim, 0, "output_norm.weight");
-    if (!p->tied) ADD(KIND_TOKENS, p->vocab, dim, 1.0f / sqrtf((float)dim), "output.weight");
+    ADD(KIND_NORM, 1, dim, SYNTH_OUT_NORM, "output_norm.weight");
+    if (!p->tied) ADD(KIND_TOKENS, p->vocab, dim, tok, "output.weight");
 #undef ADD
     return n;
 }
