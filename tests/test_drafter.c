@@ -38,37 +38,6 @@ static int run_cmd(const char *cmd) {
     return rc;
 }
 
-static int file_sha256(const char *path, char hex[65]) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    fm_sha256 s;
-    fm_sha256_init(&s);
-    static unsigned char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fm_sha256_update(&s, buf, n);
-    fclose(f);
-    uint8_t d[32];
-    fm_sha256_final(&s, d);
-    fm_sha256_hex(d, hex);
-    return 0;
-}
-
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 /* Joins a JSON array of strings into one shell argument string (the args are plain tokens). */
 static void join_args(const cJSON *arr, char *out, size_t cap) {
     out[0] = 0;
@@ -94,7 +63,7 @@ static int synth_pair(const cJSON *fx, const char *dir) {
     for (int i = 0; i < 2; i++) {
         fmt(path, sizeof path, "%s/%s", dir, files[i]);
         const char *want = cJSON_GetStringValue(cJSON_GetObjectItem(fx, keys[i]));
-        if (file_sha256(path, hex) || !want || strcmp(hex, want)) {
+        if (fm_test_sha256_file(path, hex) || !want || strcmp(hex, want)) {
             fprintf(stderr,
                     "%s: synthesized %s differs from the fixture's (sha256 %s, fixture %s): the synthesizer "
                     "changed; "
@@ -107,7 +76,7 @@ static int synth_pair(const cJSON *fx, const char *dir) {
 }
 
 static void check_fixture(const char *fixture_path, fm_pool *pool) {
-    char *text = read_all(fixture_path);
+    char *text = fm_test_read_file(fixture_path, NULL);
     CHECK_MSG(text != NULL, "cannot read %s", fixture_path);
     if (!text) return;
     cJSON *fx = cJSON_Parse(text);

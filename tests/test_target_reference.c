@@ -58,37 +58,6 @@ static tolerance tolerance_for(const char *type) {
     return (tolerance){3e-3, 4e-3, 3e-3, 0}; /* f32, f16 */
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (buf) buf[n] = 0;
-    fclose(f);
-    return buf;
-}
-
-static int sha256_path(const char *path, char hex[65]) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    fm_sha256 s;
-    fm_sha256_init(&s);
-    unsigned char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fm_sha256_update(&s, buf, n);
-    fclose(f);
-    uint8_t d[32];
-    fm_sha256_final(&s, d);
-    fm_sha256_hex(d, hex);
-    return 0;
-}
-
 /* Runs `$FM_CLI synth target -o path args...`; 0 on success. */
 static int synth_case(const char *cli, const cJSON *args, const char *path) {
     char cmd[4096];
@@ -197,7 +166,7 @@ static void run_case(const cJSON *c, const char *cli, fm_pool *pool) {
     int rc = synth_case(cli, json_get(c, "synth_args"), path);
     CHECK_MSG(rc == 0, "%s: flashmap synth target failed (exit %d)", cname, rc);
     if (rc) return;
-    CHECK_MSG(sha256_path(path, hex) == 0, "%s: cannot read %s", cname, path);
+    CHECK_MSG(fm_test_sha256_file(path, hex) == 0, "%s: cannot read %s", cname, path);
     const char *want_sha = json_get(c, "sha256")->valuestring;
     if (strcmp(hex, want_sha) != 0) {
         CHECK_MSG(
@@ -308,7 +277,7 @@ int main(void) {
     const char *src = getenv("FM_SOURCE_DIR"), *cli = getenv("FM_CLI");
     char path[1200];
     snprintf(path, sizeof path, "%s/tests/fixtures/target/cases.json", src ? src : ".");
-    char *text = read_file(path);
+    char *text = fm_test_read_file(path, NULL);
     CHECK_MSG(text != NULL, "cannot read %s (set FM_SOURCE_DIR)", path);
     CHECK_MSG(cli != NULL, "FM_CLI is not set (ctest sets it to the flashmap CLI)");
     if (!text || !cli) return fm_test_report("test_target_reference");

@@ -24,23 +24,6 @@
 
 #define QWEN3_VOCAB 151936
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) b[n] = 0;
-    if (b && len) *len = (size_t)n;
-    return b;
-}
-
 static const char *source_dir(void) {
     const char *s = getenv("FM_SOURCE_DIR");
     return s ? s : ".";
@@ -139,7 +122,7 @@ static int stream_check(const fm_tokenizer *t, const int32_t *ids, size_t n) {
 static void test_corpus(const fm_tokenizer *t) {
     char path[1200];
     snprintf(path, sizeof path, "%s/tests/fixtures/tokenizer/corpus.jsonl", source_dir());
-    char *data = read_file(path, NULL);
+    char *data = fm_test_read_file(path, NULL);
     CHECK_MSG(data != NULL, "cannot read %s", path);
     if (!data) return;
     int line = 0, n_ok = 0, n_ns = 0, n_rt = 0, bad = 0;
@@ -304,7 +287,7 @@ static void test_builtin(void) {
 static void test_chat(void) {
     char path[1200];
     snprintf(path, sizeof path, "%s/tests/fixtures/tokenizer/chat.jsonl", source_dir());
-    char *data = read_file(path, NULL);
+    char *data = fm_test_read_file(path, NULL);
     CHECK_MSG(data != NULL, "cannot read %s", path);
     if (!data) return;
     int line = 0, ok = 0;

@@ -4,8 +4,11 @@
 #define FM_TEST_UTIL_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "io/sha256.h"
 
 static int fm_test_passed, fm_test_failed;
 
@@ -45,6 +48,41 @@ static inline const char *fm_test_tmpdir(void) {
         if (system(cmd) != 0) fprintf(stderr, "cannot create %s\n", dir);
     }
     return dir;
+}
+
+/* Whole file, NUL-terminated (malloc'd; NULL when unreadable); *len gets its size when len != NULL. */
+static inline char *fm_test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) b[n] = 0;
+    if (b && len) *len = (size_t)n;
+    return b;
+}
+
+/* sha256 of a file as 64 hex digits; -1 when it cannot be read. */
+static inline int fm_test_sha256_file(const char *path, char hex[65]) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fm_sha256 s;
+    fm_sha256_init(&s);
+    unsigned char buf[1 << 14];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fm_sha256_update(&s, buf, n);
+    const int bad = ferror(f);
+    fclose(f);
+    uint8_t d[32];
+    fm_sha256_final(&s, d);
+    fm_sha256_hex(d, hex);
+    return bad ? -1 : 0;
 }
 
 static inline int fm_test_report(const char *name) {
