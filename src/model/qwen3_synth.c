@@ -25,7 +25,6 @@
  * same file. Q8_0 tensors are those f32 values quantised per 32-block as ggml's quantize_row_q8_0_ref. */
 #include "model/qwen3_synth.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,37 +113,10 @@ int qwen3_synth_tokenizer_size(const char *tokenizer_json, int *n_tokens, char *
         *n_tokens = fm_tokenizer_builtin_n_tokens();
         return *n_tokens > 0 ? 0 : fm_set_error(err, errlen, "synth: builtin tokenizer: out of memory");
     }
-    FILE *fp = fopen(tokenizer_json, "rb");
-    if (!fp) return fm_set_error(err, errlen, "%s: cannot open", tokenizer_json);
-    char *text = NULL;
-    long len = -1;
-    if (fseek(fp, 0, SEEK_END) == 0 && (len = ftell(fp)) >= 0 && fseek(fp, 0, SEEK_SET) == 0 &&
-        (text = malloc((size_t)len + 1)) && fread(text, 1, (size_t)len, fp) == (size_t)len) {
-        text[len] = 0;
-    } else {
-        free(text);
-        text = NULL;
-    }
-    fclose(fp);
-    if (!text) return fm_set_error(err, errlen, "%s: cannot read", tokenizer_json);
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!root) return fm_set_error(err, errlen, "%s: not valid JSON", tokenizer_json);
-    /* largest id + 1 over model.vocab and added_tokens, the same rule the tokenizer metadata writer uses */
-    const cJSON *vocab =
-        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "model"), "vocab");
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), *it;
-    double n = 0;
-    cJSON_ArrayForEach(it, vocab) if (cJSON_IsNumber(it) && it->valuedouble + 1 > n) n = it->valuedouble + 1;
-    cJSON_ArrayForEach(it, added) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
-        if (cJSON_IsNumber(id) && id->valuedouble + 1 > n) n = id->valuedouble + 1;
-    }
-    int has_vocab = cJSON_IsObject(vocab);
-    cJSON_Delete(root);
-    if (!has_vocab || n < 1 || n > SYNTH_MAX_SIZE)
-        return fm_set_error(err, errlen, "%s: no usable model.vocab (token count %.0f)", tokenizer_json, n);
-    *n_tokens = (int)n;
+    if (fm_tokenizer_json_n_tokens(tokenizer_json, n_tokens, err, errlen)) return -1;
+    if (*n_tokens > SYNTH_MAX_SIZE)
+        return fm_set_error(err, errlen, "%s: %d tokens is more than a synthetic model takes", tokenizer_json,
+                            *n_tokens);
     return 0;
 }
 

@@ -148,6 +148,40 @@ static cJSON *config_load_beside(const char *path, char *err, size_t errlen) {
     return cfg;
 }
 
+/* The token count of a parsed tokenizer.json: the largest id + 1 over model.vocab and added_tokens. */
+static int json_token_count(const cJSON *root, const char *path, int *count, char *err, size_t errlen) {
+    const cJSON *vocab =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "model"), "vocab");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), *it;
+    if (!cJSON_IsObject(vocab)) return fm_set_error(err, errlen, "%s: no model.vocab object", path);
+    int n = 0;
+    cJSON_ArrayForEach(it, vocab) {
+        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= 1e8)
+            return fm_set_error(err, errlen, "%s: model.vocab[\"%s\"]: expected an id in [0, 1e8)", path,
+                                it->string);
+        if (it->valueint + 1 > n) n = it->valueint + 1;
+    }
+    cJSON_ArrayForEach(it, added) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= 1e8 || !cJSON_IsString(content))
+            return fm_set_error(err, errlen, "%s: added_tokens: expected {\"id\": N, \"content\": \"...\"}",
+                                path);
+        if (id->valueint + 1 > n) n = id->valueint + 1;
+    }
+    if (n < 1) return fm_set_error(err, errlen, "%s: the vocabulary is empty", path);
+    *count = n;
+    return 0;
+}
+
+int fm_tokenizer_json_n_tokens(const char *tokenizer_json, int *n, char *err, size_t errlen) {
+    cJSON *root = json_load(tokenizer_json, err, errlen);
+    if (!root) return -1;
+    int rc = json_token_count(root, tokenizer_json, n, err, errlen);
+    cJSON_Delete(root);
+    return rc;
+}
+
 static int meta_write_hf(gguf_writer *w, const char *path, int vocab_size, char *err, size_t errlen) {
     cJSON *root = json_load(path, err, errlen);
     if (!root) return -1;
@@ -168,27 +202,9 @@ static int meta_write_hf(gguf_writer *w, const char *path, int vocab_size, char 
         fm_set_error(err, errlen, "%s: expected model.type \"BPE\" with model.vocab and model.merges", path);
         goto done;
     }
-    /* The token count is the largest id + 1 over the vocabulary and the added tokens. */
     int n = 0;
     const cJSON *it;
-    cJSON_ArrayForEach(it, vocab) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= 1e8) {
-            fm_set_error(err, errlen, "%s: model.vocab[\"%s\"]: expected an id in [0, 1e8)", path,
-                         it->string);
-            goto done;
-        }
-        if (it->valueint + 1 > n) n = it->valueint + 1;
-    }
-    cJSON_ArrayForEach(it, added) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= 1e8 ||
-            !cJSON_IsString(content)) {
-            fm_set_error(err, errlen, "%s: added_tokens: expected {\"id\": N, \"content\": \"...\"}", path);
-            goto done;
-        }
-        if (id->valueint + 1 > n) n = id->valueint + 1;
-    }
+    if (json_token_count(root, path, &n, err, errlen)) goto done;
     if (vocab_size < n) {
         fm_set_error(err, errlen, "%s: vocab_size %d is smaller than the tokenizer's %d tokens", path,
                      vocab_size, n);
