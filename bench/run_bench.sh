@@ -9,7 +9,8 @@
 #   4. runs `flashmap bench` (2 threads unless -t) and replaces the section between the flashmap-bench markers
 #      of bench/RESULTS.md with the new table; every other section of the file is kept as it is.
 #
-#   bench/run_bench.sh [-t THREADS] [--reps N] [--long-reps N] [--no-llama] [--no-record]
+#   bench/run_bench.sh [-t THREADS] [--reps N] [--long-reps N] [--no-llama] [--no-record] [-- BENCH OPTIONS]
+# (options after -- go to `flashmap bench` as they are, e.g. -- --gen 32)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +28,8 @@ while [ $# -gt 0 ]; do
     --long-reps) long_reps="$2"; shift 2 ;;
     --no-llama) use_llama=0; shift ;;
     --no-record) record=0; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "run_bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -88,7 +90,7 @@ trap 'rm -f "$report"' EXIT
 echo "== flashmap bench ($threads threads)" >&2
 status=0
 "$fm" bench -m "$target" -d "$synth/flashmap-qwen3-4b" -t "$threads" --reps "$reps" --long-reps "$long_reps" \
-  "${llama_args[@]}" --out "$report" || status=$?
+  "${llama_args[@]}" --out "$report" "$@" || status=$?
 
 if [ "$record" = 1 ] && [ -s "$report" ]; then
   results="$repo/bench/RESULTS.md"
