@@ -73,7 +73,8 @@ def sha256_file(path):
 def synth_args(c):
     name, wtype, L, dim, heads, kv, hd, ffn, vocab, tied, _, seed = c
     args = ["--layers", str(L), "--dim", str(dim), "--heads", str(heads), "--kv-heads", str(kv), "--head-dim",
-            str(hd), "--ffn", str(ffn), "--type", wtype, "--tied" if tied else "--untied", "--seed", str(seed)]
+            str(hd), "--ffn", str(ffn), "--type", wtype, "--tied" if tied else "--untied", "--seed", str(seed),
+            "--qk-norm", "1"]
     if vocab is not None:
         args += ["--vocab", str(vocab)]
     return args

@@ -41,6 +41,8 @@ static void usage(FILE *f) {
         "  --ctx N            qwen3.context_length\n"
         "  --tokenizer PATH   a Hugging Face tokenizer.json (default: a builtin byte-level vocabulary)\n"
         "  --threads N        generation threads (default: one per core)\n"
+        "  --qk-norm X        q/k norm weights, the sharpness of attention (default 3; reference fixtures\n"
+        "                     use 1, where numerical comparisons with other engines are tighter)\n"
         "  -q, --quiet        no progress on stderr\n");
 }
 
@@ -108,8 +110,8 @@ static int cmd_synth_target(int argc, char **argv) {
             continue;
         }
         static const char *const with_value[] = {
-            "-o",    "--preset", "--layers", "--dim",  "--heads", "--kv-heads",  "--head-dim",
-            "--ffn", "--vocab",  "--type",   "--seed", "--ctx",   "--tokenizer", "--threads"};
+            "-o",      "--preset", "--layers", "--dim", "--heads",     "--kv-heads", "--head-dim", "--ffn",
+            "--vocab", "--type",   "--seed",   "--ctx", "--tokenizer", "--threads",  "--qk-norm"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -142,6 +144,14 @@ static int cmd_synth_target(int argc, char **argv) {
             bad = parse_int(a, v, 1, 1 << 24, &x), p.vocab = (int)x;
         } else if (!strcmp(a, "--ctx")) {
             bad = parse_int(a, v, 1, INT32_MAX, &x), p.context_length = (int)x;
+        } else if (!strcmp(a, "--qk-norm")) {
+            char *end;
+            p.qk_norm = strtof(v, &end);
+            if (*end || !(p.qk_norm > 0 && p.qk_norm <= 100)) {
+                fprintf(stderr, "flashmap synth target: --qk-norm expects a number in (0, 100], got '%s'\n",
+                        v);
+                return 2;
+            }
         } else if (!strcmp(a, "--threads")) {
             bad = parse_int(a, v, 1, 4096, &x), p.n_threads = (int)x;
         } else {

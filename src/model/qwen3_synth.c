@@ -40,7 +40,7 @@
 #define SYNTH_NORM_JITTER 0.05f
 #define SYNTH_ROW_SPREAD 0.5    /* log-std of the token-row norm factors */
 #define SYNTH_TOKEN_SCALE 0.25f /* token rows: SYNTH_TOKEN_SCALE / sqrt(dim) */
-#define SYNTH_QK_NORM 3.0f      /* q/k norm weights: sharper attention */
+#define SYNTH_QK_NORM 3.0f      /* q/k norm weights by default: sharper attention */
 #define SYNTH_OUT_NORM 4.0f     /* output_norm weights: 1 / SYNTH_TOKEN_SCALE, logits of std ~1 */
 /* Qwen2/Qwen3 tokenizers have 151643 base tokens plus up to a few hundred specials; their models use this. */
 #define QWEN_VOCAB_BASE 151643
@@ -283,6 +283,7 @@ static int build_specs(const qwen3_synth_params *p, synth_tensor *ts, int cap) {
         n++;                                                                                                 \
     } while (0)
     const float tok = SYNTH_TOKEN_SCALE / sqrtf((float)dim);
+    const float qk_norm = p->qk_norm > 0 ? p->qk_norm : SYNTH_QK_NORM;
     ADD(KIND_TOKENS, p->vocab, dim, tok, "token_embd.weight");
     for (int l = 0; l < p->n_layers; l++) {
         ADD(KIND_NORM, 1, dim, 1.0f, "blk.%d.attn_norm.weight", l);
@@ -290,8 +291,8 @@ static int build_specs(const qwen3_synth_params *p, synth_tensor *ts, int cap) {
         ADD(KIND_MATRIX, kv_dim, dim, 1.0f / sqrtf((float)dim), "blk.%d.attn_k.weight", l);
         ADD(KIND_MATRIX, kv_dim, dim, 1.0f / sqrtf((float)dim), "blk.%d.attn_v.weight", l);
         ADD(KIND_MATRIX, dim, q_dim, resid / sqrtf((float)q_dim), "blk.%d.attn_output.weight", l);
-        ADD(KIND_NORM, 1, p->head_dim, SYNTH_QK_NORM, "blk.%d.attn_q_norm.weight", l);
-        ADD(KIND_NORM, 1, p->head_dim, SYNTH_QK_NORM, "blk.%d.attn_k_norm.weight", l);
+        ADD(KIND_NORM, 1, p->head_dim, qk_norm, "blk.%d.attn_q_norm.weight", l);
+        ADD(KIND_NORM, 1, p->head_dim, qk_norm, "blk.%d.attn_k_norm.weight", l);
         ADD(KIND_NORM, 1, dim, 1.0f, "blk.%d.ffn_norm.weight", l);
         ADD(KIND_MATRIX, p->ffn, dim, 1.0f / sqrtf((float)dim), "blk.%d.ffn_gate.weight", l);
         ADD(KIND_MATRIX, p->ffn, dim, 1.0f / sqrtf((float)dim), "blk.%d.ffn_up.weight", l);

@@ -26,6 +26,7 @@ typedef struct {
     float rope_theta;           /* qwen3.rope.freq_base */
     float rms_eps;              /* qwen3.attention.layer_norm_rms_epsilon */
     int context_length;         /* qwen3.context_length */
+    float qk_norm;              /* q/k norm weights (sharpness of attention); 0: the default 3 */
     const char *tokenizer_json; /* HF tokenizer.json, or NULL for the builtin byte-level vocabulary */
     int n_threads;              /* generation threads; <= 0: one per core */
     /* Optional progress report, called after each tensor from the writing thread. */
