@@ -208,6 +208,11 @@ static const char *fmt(char *buf, const char *format, ...) {
     return buf;
 }
 
+/* Decimals that keep about three significant digits of a time in ms (tiny test models take microseconds). */
+static int ms_digits(double ms) {
+    return ms >= 10 || !(ms == ms) ? 1 : ms >= 1 ? 2 : 3;
+}
+
 static void build_table(const bench_opts *o, const fm_engine_info *info, const bench_results *r, table *t) {
     char a[CELL], b[CELL], c[CELL], d[CELL], e[CELL];
     const int have_llama = o->llama_bench && r->llama.runs > 0;
@@ -218,8 +223,8 @@ static void build_table(const bench_opts *o, const fm_engine_info *info, const b
     const double llama_step = have_llama && r->llama.tg_ts.n ? 1e3 / tg : NAN;
     row(t, "measurement", "flashmap", "per plain step", "llama.cpp", "flashmap speed vs llama.cpp", "notes");
 
-    row(t, "plain step (T=1)", fmt(a, "%.1f ms", step), "1.00",
-        have_llama ? fmt(b, "%.1f ms (1000/tg%d)", llama_step, o->gen) : no_llama,
+    row(t, "plain step (T=1)", fmt(a, "%.*f ms", ms_digits(step), step), "1.00",
+        have_llama ? fmt(b, "%.*f ms (1000/tg%d)", ms_digits(llama_step), llama_step, o->gen) : no_llama,
         have_llama ? fmt(c, "%.2fx", llama_step / step) : "-",
         fmt(d, "median of %d; context %d tokens; argmax of the row", r->step.n, o->prompt));
     const bench_samples *v[2] = {&r->v8, &r->v17};
@@ -228,13 +233,16 @@ static void build_table(const bench_opts *o, const fm_engine_info *info, const b
         const double ms = bench_median(v[i]);
         const bench_samples *pp = have_llama ? bench_llama_pp_samples(&r->llama, vt[i]) : NULL;
         const double lms = pp && pp->n ? 1e3 * vt[i] / bench_median(pp) : NAN;
-        row(t, fmt(e, "verify(%d) (T=%d)", vt[i], vt[i]), fmt(a, "%.1f ms", ms), fmt(b, "%.2f", ms / step),
-            pp ? fmt(c, "%.1f ms = %.2f steps (%d/pp%d)", lms, lms / llama_step, vt[i], vt[i]) : no_llama,
+        row(t, fmt(e, "verify(%d) (T=%d)", vt[i], vt[i]), fmt(a, "%.*f ms", ms_digits(ms), ms),
+            fmt(b, "%.2f", ms / step),
+            pp ? fmt(c, "%.*f ms = %.2f steps (%d/pp%d)", ms_digits(lms), lms, lms / llama_step, vt[i], vt[i])
+               : no_llama,
             pp ? fmt(d, "%.2fx", lms / ms) : "-", "one forward of the block, argmax of every row");
     }
     if (info->has_drafter) {
         const double ms = bench_median(&r->draft);
-        row(t, "draft (one drafter forward)", fmt(a, "%.1f ms", ms), fmt(b, "%.2f", ms / step), "-", "-",
+        row(t, "draft (one drafter forward)", fmt(a, "%.*f ms", ms_digits(ms), ms), fmt(b, "%.2f", ms / step),
+            "-", "-",
             fmt(c, "%d slots; drafter dim %d, %d layers, %d captures", info->drafter_block, info->drafter_dim,
                 info->drafter_layers, info->drafter_n_capture));
     } else {
@@ -273,7 +281,7 @@ static void build_table(const bench_opts *o, const fm_engine_info *info, const b
         "-", "-",
         fmt(b, "median of %d passes over %d MiB; best %.1f GB/s", r->bw.n, o->stream_mib, bench_max(&r->bw)));
     const double roof_ms = (double)info->weight_bytes / (bw * 1e9) * 1e3;
-    row(t, "roofline step (weight bytes / bandwidth)", fmt(a, "%.1f ms", roof_ms),
+    row(t, "roofline step (weight bytes / bandwidth)", fmt(a, "%.*f ms", ms_digits(roof_ms), roof_ms),
         fmt(b, "flashmap step at %.0f%%", 100 * roof_ms / step),
         have_llama ? fmt(c, "llama.cpp step at %.0f%%", 100 * roof_ms / llama_step) : no_llama, "-",
         fmt(d, "%.3f GB of weights read per token", (double)info->weight_bytes * 1e-9));
