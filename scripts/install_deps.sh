@@ -15,3 +15,16 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# Python test helpers (tests/test_synth_gguf_py.py cross-checks synthetic GGUFs with gguf-py and numpy).
+if ! python3 -c "import numpy, gguf" 2>/dev/null; then
+    echo "install_deps: installing numpy and gguf (pip)" >&2
+    python3 -m pip --version >/dev/null 2>&1 || {
+        SUDO=""
+        [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+        $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-pip >/dev/null
+    }
+    # Debian's own python3 refuses system-wide pip installs (PEP 668) unless told otherwise.
+    python3 -m pip install -q numpy gguf 2>/dev/null ||
+        python3 -m pip install -q --break-system-packages numpy gguf
+fi
