@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     static const int64_t shapes[][2] = {{9728, 2560}, {2560, 9728}};
-    static const int Ts[] = {1, 8, 17, 64};
+    static const int Ts[] = {1, 8, 17, 64, 256};
     const int nT = (int)(sizeof Ts / sizeof *Ts);
     fm_pool *pool = fm_pool_create(threads);
     const fm_isa best = fm_cpu_isa_best();
@@ -63,8 +63,8 @@ int main(int argc, char **argv) {
            secs);
     printf("%-5s %-7s %-11s %4s %9s %8s %9s %9s\n", "type", "isa", "shape", "T", "ms/call", "GB/s", "GFLOP/s",
            "x T=1");
-    float *x = malloc(sizeof(float) * 64 * 9728), *y = malloc(sizeof(float) * 64 * 9728);
-    for (int i = 0; i < 64 * 9728; i++) x[i] = (float)(rnd() % 2000) * 1e-3f - 1.0f;
+    float *x = malloc(sizeof(float) * 256 * 9728), *y = malloc(sizeof(float) * 256 * 9728);
+    for (int i = 0; i < 256 * 9728; i++) x[i] = (float)(rnd() % 2000) * 1e-3f - 1.0f;
     for (int dt = 0; dt < FM_DTYPE_COUNT; dt++) {
         if (only != FM_DTYPE_COUNT && dt != (int)only) continue;
         for (int s = 0; s < 2; s++) {

@@ -161,16 +161,21 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *w
     if (w->dtype == FM_DTYPE_Q8_0) {
         const int64_t nb = w->cols / FM_QK8_0, nblk = (int64_t)T * nb;
         size_t qbytes = align64((size_t)nblk * sizeof(fm_block_q8_0));
-        char *ws = scratch_get(qbytes + (size_t)nblk * sizeof(float));
+        const size_t dbytes = align64((size_t)nblk * sizeof(float));
+        char *ws = scratch_get(qbytes + 2 * dbytes);
         if (!ws) {
             matmul_q8_0_nomem(w, x, T, y, bias);
             return;
         }
         fm_block_q8_0 *xq = (fm_block_q8_0 *)ws; /* [nb][T] */
         float *xd = (float *)(ws + qbytes);      /* [nb][T] */
+        float *xd_tok = (float *)(ws + qbytes + dbytes); /* [T][nb]: the same scales, token-major */
         for (int t = 0; t < T; t++) tab->quant(x + (int64_t)t * w->cols, xq + t, xd + t, w->cols, T);
+        for (int64_t b = 0; b < nb; b++)
+            for (int t = 0; t < T; t++) xd_tok[(int64_t)t * nb + b] = xd[b * T + t];
         act.xq = xq;
         act.xd = xd;
+        act.xd_tok = xd_tok;
     } else if (w->dtype == FM_DTYPE_BF16 && tab->split_bf16) {
         size_t n = (size_t)T * (size_t)w->cols, half = align64(n * sizeof(uint16_t));
         uint16_t *ws = scratch_get(2 * half);

@@ -138,14 +138,14 @@ FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
                            int t0, const int TT) {
     const int64_t nb = w->cols / FM_QK8_0, T = a->T;
     const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-    const fm_block_q8_0 *xb = a->xq + t0; /* block b of token t0 + t: xb[b * T + t] */
-    const float *xd = a->xd + t0;
+    const fm_block_q8_0 *xb = a->xq + t0;           /* block b of token t0 + t: xb[b * T + t] */
+    const float *xd = a->xd_tok + (int64_t)t0 * nb; /* token t0 + t, block b: xd[t * nb + b] */
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     int64_t b = 0;
-    for (; b + 4 <= nb; b += 4, wb += 4, xb += 4 * T, xd += 4 * T) {
+    for (; b + 4 <= nb; b += 4, wb += 4, xb += 4 * T) {
         _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
         _mm_prefetch((const char *)wb + 1024 + 64, _MM_HINT_T0);
         __m256i wq[4];
@@ -163,7 +163,7 @@ FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
                     _mm256_maddubs_epi16(_mm256_sign_epi8(wq[u], wq[u]), _mm256_sign_epi8(xq, wq[u])), ones);
             }
             const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            const __m128 dx = _mm_setr_ps(xd[t], xd[T + t], xd[2 * T + t], xd[3 * T + t]);
+            const __m128 dx = _mm_loadu_ps(xd + (int64_t)t * nb + b);
             const __m128 s4 = _mm_mul_ps(dw, dx);
             const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc[t]);
@@ -173,37 +173,46 @@ FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
     for (int t = 0; t < TT; t++) {
         float sum = hsum256(acc[t]);
         const fm_block_q8_0 *wt = wb, *xt = xb + t;
-        const float *dt = xd + t;
-        for (int64_t bt = b; bt < nb; bt++, wt++, xt += T, dt += T) {
+        const float *dt = xd + (int64_t)t * nb;
+        for (int64_t bt = b; bt < nb; bt++, wt++, xt += T) {
             const __m256i wq = _mm256_loadu_si256((const __m256i *)wt->qs);
             const __m256i xq = _mm256_loadu_si256((const __m256i *)xt->qs);
             const __m256i pr = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)), ones);
-            sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(pr), _mm256_set1_ps(_cvtsh_ss(wt->d) * dt[0])));
+            sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(pr), _mm256_set1_ps(_cvtsh_ss(wt->d) * dt[bt])));
         }
         store_out(w, y, bias, r, t0 + t, sum);
     }
 }
 
-/* Rows one at a time (each thread reads its rows as one sequential stream), tokens in tiles of 4; the row (a
- * few KB) is re-read from L1 for each tile. */
+/* Up to a verify block (T <= 17), rows one at a time: a row (a few KB) is read from memory once and from L1
+ * for its other token tiles. Longer batches (prefill) go by chunks of Q8_ROW_CHUNK rows (~85 KB at dim 2560,
+ * kept in L2) with tiles of 4 tokens inside, so each tile's activations stay in L1 across the chunk instead
+ * of the whole batch's activations (700 KB at T = 256) being swept once per row. */
+enum { Q8_ROW_CHUNK = 32, Q8_CHUNK_MIN_T = 18 };
+
 void fm_mm_q8_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                      int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
+    const int64_t chunk = a->T >= Q8_CHUNK_MIN_T ? Q8_ROW_CHUNK : 1;
+    for (int64_t rc = r0; rc < r1; rc += chunk) {
+        const int64_t rend = rc + chunk < r1 ? rc + chunk : r1;
         int t = 0;
-        for (; t + 4 <= a->T; t += 4) q8_row_tile(w, a, y, bias, r, t, 4);
-        switch (a->T - t) {
-        case 3:
-            q8_row_tile(w, a, y, bias, r, t, 3);
-            break;
-        case 2:
-            q8_row_tile(w, a, y, bias, r, t, 2);
-            break;
-        case 1:
-            q8_row_tile(w, a, y, bias, r, t, 1);
-            break;
-        default:
-            break;
+        for (; t + 4 <= a->T; t += 4)
+            for (int64_t r = rc; r < rend; r++) q8_row_tile(w, a, y, bias, r, t, 4);
+        for (int64_t r = rc; r < rend; r++) {
+            switch (a->T - t) {
+            case 3:
+                q8_row_tile(w, a, y, bias, r, t, 3);
+                break;
+            case 2:
+                q8_row_tile(w, a, y, bias, r, t, 2);
+                break;
+            case 1:
+                q8_row_tile(w, a, y, bias, r, t, 1);
+                break;
+            default:
+                break;
+            }
         }
     }
 }

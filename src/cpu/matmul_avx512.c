@@ -200,12 +200,12 @@ FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
     const int64_t nb = w->cols / FM_QK8_0, T = a->T;
     const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
     const fm_block_q8_0 *xb = a->xq + t0; /* block b of token t0 + t: xb[b * T + t] */
-    const float *xd = a->xd + t0;
+    const float *xd = a->xd_tok + (int64_t)t0 * nb; /* token t0 + t, block b: xd[t * nb + b] */
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     int64_t b = 0;
-    for (; b + 4 <= nb; b += 4, wb += 4, xb += 4 * T, xd += 4 * T) {
+    for (; b + 4 <= nb; b += 4, wb += 4, xb += 4 * T) {
         _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
         _mm_prefetch((const char *)wb + 1024 + 64, _MM_HINT_T0);
         __m256i wq[4];
@@ -220,7 +220,7 @@ FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
             for (int u = 0; u < 4; u++)
                 p[u] = q8_dot(wq[u], _mm256_loadu_si256((const __m256i *)xb[u * T + t].qs));
             const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            const __m128 dx = _mm_setr_ps(xd[t], xd[T + t], xd[2 * T + t], xd[3 * T + t]);
+            const __m128 dx = _mm_loadu_ps(xd + (int64_t)t * nb + b);
             const __m128 s4 = _mm_mul_ps(dw, dx);
             const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), s, acc[t]);
@@ -230,11 +230,11 @@ FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
     for (int t = 0; t < TT; t++) {
         float sum = hsum256(acc[t]);
         const fm_block_q8_0 *wt = wb, *xt = xb + t;
-        const float *dt = xd + t;
-        for (int64_t bt = b; bt < nb; bt++, wt++, xt += T, dt += T) {
+        const float *dt = xd + (int64_t)t * nb;
+        for (int64_t bt = b; bt < nb; bt++, wt++, xt += T) {
             const __m256i pr = q8_dot(_mm256_loadu_si256((const __m256i *)wt->qs),
                                       _mm256_loadu_si256((const __m256i *)xt->qs));
-            sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(pr), _mm256_set1_ps(_cvtsh_ss(wt->d) * dt[0])));
+            sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(pr), _mm256_set1_ps(_cvtsh_ss(wt->d) * dt[bt])));
         }
         store_out(w, y, bias, r, t0 + t, sum);
     }
