@@ -199,7 +199,7 @@ FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
                            int t0, const int TT) {
     const int64_t nb = w->cols / FM_QK8_0, T = a->T;
     const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-    const fm_block_q8_0 *xb = a->xq + t0; /* block b of token t0 + t: xb[b * T + t] */
+    const fm_block_q8_0 *xb = a->xq + t0;           /* block b of token t0 + t: xb[b * T + t] */
     const float *xd = a->xd_tok + (int64_t)t0 * nb; /* token t0 + t, block b: xd[t * nb + b] */
     __m256 acc[8];
 #pragma GCC unroll 8
@@ -240,35 +240,44 @@ FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
     }
 }
 
+/* As the AVX2 kernel: rows one at a time up to a verify block, chunks of Q8_ROW_CHUNK rows (tiles of 8 tokens
+ * inside) for longer batches, so a prefill's activations stay in cache across a chunk. */
+enum { Q8_ROW_CHUNK = 32, Q8_CHUNK_MIN_T = 18 };
+
 void fm_mm_q8_0_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                             int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
+    const int64_t chunk = a->T >= Q8_CHUNK_MIN_T ? Q8_ROW_CHUNK : 1;
+    for (int64_t rc = r0; rc < r1; rc += chunk) {
+        const int64_t rend = rc + chunk < r1 ? rc + chunk : r1;
         int t = 0;
-        for (; t + 8 <= a->T; t += 8) q8_row_tile(w, a, y, bias, r, t, 8);
-        switch (a->T - t) {
-        case 7:
-            q8_row_tile(w, a, y, bias, r, t, 7);
-            break;
-        case 6:
-            q8_row_tile(w, a, y, bias, r, t, 6);
-            break;
-        case 5:
-            q8_row_tile(w, a, y, bias, r, t, 5);
-            break;
-        case 4:
-            q8_row_tile(w, a, y, bias, r, t, 4);
-            break;
-        case 3:
-            q8_row_tile(w, a, y, bias, r, t, 3);
-            break;
-        case 2:
-            q8_row_tile(w, a, y, bias, r, t, 2);
-            break;
-        case 1:
-            q8_row_tile(w, a, y, bias, r, t, 1);
-            break;
-        default:
-            break;
+        for (; t + 8 <= a->T; t += 8)
+            for (int64_t r = rc; r < rend; r++) q8_row_tile(w, a, y, bias, r, t, 8);
+        for (int64_t r = rc; r < rend; r++) {
+            switch (a->T - t) {
+            case 7:
+                q8_row_tile(w, a, y, bias, r, t, 7);
+                break;
+            case 6:
+                q8_row_tile(w, a, y, bias, r, t, 6);
+                break;
+            case 5:
+                q8_row_tile(w, a, y, bias, r, t, 5);
+                break;
+            case 4:
+                q8_row_tile(w, a, y, bias, r, t, 4);
+                break;
+            case 3:
+                q8_row_tile(w, a, y, bias, r, t, 3);
+                break;
+            case 2:
+                q8_row_tile(w, a, y, bias, r, t, 2);
+                break;
+            case 1:
+                q8_row_tile(w, a, y, bias, r, t, 1);
+                break;
+            default:
+                break;
+            }
         }
     }
 }
