@@ -2,6 +2,7 @@
  * `flashmap synth drafter ...` is handed to cmd_synth_drafter. A preset is applied first wherever --preset
  * appears, so explicit options always override it. */
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_common.h"
 #include "core/error.h"
 #include "model/qwen3_synth.h"
 
@@ -44,20 +46,6 @@ static void usage(FILE *f) {
         "  --qk-norm X        q/k norm weights, the sharpness of attention (default 3; reference fixtures\n"
         "                     use 1, where numerical comparisons with other engines are tighter)\n"
         "  -q, --quiet        no progress on stderr\n");
-}
-
-/* Parses an integer option value in [lo, hi]; prints the error and returns -1 otherwise. */
-static int parse_int(const char *opt, const char *v, long long lo, long long hi, long long *out) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "flashmap synth target: %s expects an integer in %lld..%lld, got '%s'\n", opt, lo, hi,
-                v);
-        return -1;
-    }
-    *out = x;
-    return 0;
 }
 
 typedef struct {
@@ -124,7 +112,7 @@ static int cmd_synth_target(int argc, char **argv) {
             return 2;
         }
         const char *v = argv[++i];
-        long long x = 0;
+        long x = 0;
         int bad = 0;
         if (!strcmp(a, "-o"))
             out = v;
@@ -139,11 +127,11 @@ static int cmd_synth_target(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--seed")) {
-            bad = parse_int(a, v, 0, INT64_MAX, &x), p.seed = (uint64_t)x;
+            bad = cli_parse_int("synth target", a, v, 0, LONG_MAX, &x), p.seed = (uint64_t)x;
         } else if (!strcmp(a, "--vocab")) {
-            bad = parse_int(a, v, 1, 1 << 24, &x), p.vocab = (int)x;
+            bad = cli_parse_int("synth target", a, v, 1, 1 << 24, &x), p.vocab = (int)x;
         } else if (!strcmp(a, "--ctx")) {
-            bad = parse_int(a, v, 1, INT32_MAX, &x), p.context_length = (int)x;
+            bad = cli_parse_int("synth target", a, v, 1, INT32_MAX, &x), p.context_length = (int)x;
         } else if (!strcmp(a, "--qk-norm")) {
             char *end;
             p.qk_norm = strtof(v, &end);
@@ -153,9 +141,9 @@ static int cmd_synth_target(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--threads")) {
-            bad = parse_int(a, v, 1, 4096, &x), p.n_threads = (int)x;
+            bad = cli_parse_int("synth target", a, v, 1, 4096, &x), p.n_threads = (int)x;
         } else {
-            bad = parse_int(a, v, 1, 1 << 24, &x);
+            bad = cli_parse_int("synth target", a, v, 1, 1 << 24, &x);
             if (!strcmp(a, "--layers"))
                 p.n_layers = (int)x;
             else if (!strcmp(a, "--dim"))

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "cli_common.h"
 #include "core/error.h"
 #include "drafter/flashmap_drafter.h"
 #include "io/gguf.h"
@@ -19,19 +20,6 @@ static void usage(FILE *f) {
            "1,9,17,25,33]\n"
            "         [--block 16] [--cond 256] [--time-dim 256] [--seed N] [--type bf16|f16|f32]\n"
            "Writes a random drafter with the FlashMap tensor names and shapes, and config.json beside it.\n");
-}
-
-static int parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "flashmap synth drafter: %s expects an integer in [%ld, %ld], got '%s'\n", opt, lo,
-                hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
 }
 
 static int parse_layers(const char *s, fm_drafter_synth_params *p) {
@@ -114,27 +102,27 @@ int cmd_synth_drafter(int argc, char **argv) {
         else if (!strcmp(a, "-o"))
             out = v;
         else if (!strcmp(a, "--dim"))
-            bad = parse_long(a, v, 2, 65536, &x), p.dim = (int)x;
+            bad = cli_parse_int("synth drafter", a, v, 2, 65536, &x), p.dim = (int)x;
         else if (!strcmp(a, "--layers"))
-            bad = parse_long(a, v, 1, 256, &x), p.n_layers = (int)x;
+            bad = cli_parse_int("synth drafter", a, v, 1, 256, &x), p.n_layers = (int)x;
         else if (!strcmp(a, "--heads"))
-            bad = parse_long(a, v, 1, 1024, &x), p.n_heads = (int)x;
+            bad = cli_parse_int("synth drafter", a, v, 1, 1024, &x), p.n_heads = (int)x;
         else if (!strcmp(a, "--head-dim"))
-            bad = parse_long(a, v, 2, 1024, &x), p.head_dim = (int)x, head_dim_given = 1;
+            bad = cli_parse_int("synth drafter", a, v, 2, 1024, &x), p.head_dim = (int)x, head_dim_given = 1;
         else if (!strcmp(a, "--ffn"))
-            bad = parse_long(a, v, 1, 1 << 20, &x), p.ffn = (int)x;
+            bad = cli_parse_int("synth drafter", a, v, 1, 1 << 20, &x), p.ffn = (int)x;
         else if (!strcmp(a, "--captures"))
-            bad = parse_long(a, v, 1, FM_DRAFTER_MAX_CAPTURE, &x), p.n_capture = (int)x;
+            bad = cli_parse_int("synth drafter", a, v, 1, FM_DRAFTER_MAX_CAPTURE, &x), p.n_capture = (int)x;
         else if (!strcmp(a, "--target-layers"))
             bad = parse_layers(v, &p);
         else if (!strcmp(a, "--block"))
-            bad = parse_long(a, v, 1, FM_DRAFTER_MAX_BLOCK, &x), p.block = (int)x;
+            bad = cli_parse_int("synth drafter", a, v, 1, FM_DRAFTER_MAX_BLOCK, &x), p.block = (int)x;
         else if (!strcmp(a, "--cond"))
-            bad = parse_long(a, v, 1, 65536, &x), p.cond_dim = (int)x;
+            bad = cli_parse_int("synth drafter", a, v, 1, 65536, &x), p.cond_dim = (int)x;
         else if (!strcmp(a, "--time-dim"))
-            bad = parse_long(a, v, 2, 65536, &x), p.time_dim = (int)x;
+            bad = cli_parse_int("synth drafter", a, v, 2, 65536, &x), p.time_dim = (int)x;
         else if (!strcmp(a, "--seed"))
-            bad = parse_long(a, v, 0, 0x7fffffffL, &x), p.seed = (uint64_t)x;
+            bad = cli_parse_int("synth drafter", a, v, 0, 0x7fffffffL, &x), p.seed = (uint64_t)x;
         else if (!strcmp(a, "--type")) {
             if (fm_dtype_parse(v, &p.dtype) || p.dtype == FM_DTYPE_Q8_0) {
                 fprintf(stderr, "flashmap synth drafter: --type expects bf16, f16 or f32, got '%s'\n", v);
