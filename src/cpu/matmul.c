@@ -9,6 +9,7 @@
 #include "cpu/matmul.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -125,12 +126,24 @@ typedef struct {
     const fm_mm_act *act;
     float *y;
     const float *bias;
+    int64_t chunk, n_chunks;    /* rows per chunk; chunks in all */
+    _Atomic int64_t next_chunk; /* the next chunk to take */
 } fm_mm_job;
 
+/* Workers take chunks of rows from a shared counter until none are left, so a core that streams slower
+ * (a shared VM, a busy sibling) gets fewer chunks instead of making the other wait at the end of every
+ * product. A row's result does not depend on which worker computes it. */
 static void mm_task(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)begin;
+    (void)end;
     (void)thread;
-    const fm_mm_job *j = ctx;
-    j->kern(j->w, j->act, j->y, j->bias, begin, end);
+    fm_mm_job *j = ctx;
+    for (;;) {
+        const int64_t c = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
+        if (c >= j->n_chunks) break;
+        const int64_t r0 = c * j->chunk, r1 = r0 + j->chunk < j->w->rows ? r0 + j->chunk : j->w->rows;
+        j->kern(j->w, j->act, j->y, j->bias, r0, r1);
+    }
 }
 
 /* Serial fallback when the workspace cannot be had: the scalar kernels on blocks quantised one at a time
@@ -167,8 +180,8 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *w
             matmul_q8_0_nomem(w, x, T, y, bias);
             return;
         }
-        fm_block_q8_0 *xq = (fm_block_q8_0 *)ws; /* [nb][T] */
-        float *xd = (float *)(ws + qbytes);      /* [nb][T] */
+        fm_block_q8_0 *xq = (fm_block_q8_0 *)ws;         /* [nb][T] */
+        float *xd = (float *)(ws + qbytes);              /* [nb][T] */
         float *xd_tok = (float *)(ws + qbytes + dbytes); /* [T][nb]: the same scales, token-major */
         for (int t = 0; t < T; t++) tab->quant(x + (int64_t)t * w->cols, xq + t, xd + t, w->cols, T);
         for (int64_t b = 0; b < nb; b++)
@@ -193,8 +206,13 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *w
     int64_t work_per_row = w->cols * (int64_t)T;
     int64_t grain = 32768 / work_per_row + 1;
     if (grain < 4) grain = 4;
-    fm_mm_job job = {kern, w, &act, y, bias};
-    fm_pool_for(pool, w->rows, grain, mm_task, &job);
+    /* About 8 chunks per worker: enough to even out the workers, few enough that taking one is free. */
+    const int workers = fm_pool_size(pool);
+    int64_t chunk = w->rows / (8 * (int64_t)workers);
+    if (chunk < grain) chunk = grain;
+    fm_mm_job job = {kern, w, &act, y, bias, chunk, (w->rows + chunk - 1) / chunk, 0};
+    const int64_t takers = job.n_chunks < workers ? job.n_chunks : workers;
+    fm_pool_for(pool, takers, 1, mm_task, &job);
 }
 
 void fm_matmul(fm_pool *pool, const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
