@@ -1,8 +1,8 @@
 /* flashmap.h: the public C API of flashmap, a Qwen3 engine with lossless FlashMap speculative decoding.
  *
- * An fm_engine holds the target model (a Qwen3 dense GGUF), its tokenizer, an optional FlashMap drafter and the
- * worker threads. An fm_session holds one conversation: the target's KV cache and the drafter's context; text
- * generated in a session continues where the last call left off (chat keeps its cache across turns).
+ * An fm_engine holds the target model (a Qwen3 dense GGUF), its tokenizer, an optional FlashMap drafter and
+ * the worker threads. An fm_session holds one conversation: the target's KV cache and the drafter's context;
+ * text generated in a session continues where the last call left off (chat keeps its cache across turns).
  *
  * Errors: every call that can fail returns 0 on success and -1 on failure, writing one line naming what was
  * wrong into the caller's buffer (err, errlen). Nothing here prints or exits. */
@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define FM_MAX_BLOCK 32 /* largest drafter block the loop supports */
+#define FM_MAX_BLOCK 32    /* largest drafter block the loop supports */
 #define FM_ERRBUF_SIZE 512 /* a good size for the err buffers the calls take */
 
 typedef struct fm_engine fm_engine;
@@ -58,10 +58,10 @@ void fm_engine_get_info(const fm_engine *e, fm_engine_info *info);
 
 /* ---- Tokens and text ---- */
 
-/* ids: a malloc'd array the caller frees. Special tokens written in the text (<|im_start|>, ...) are recognised
- * when parse_special != 0. */
-int fm_tokenize(const fm_engine *e, const char *text, size_t len, int parse_special, int32_t **ids, size_t *n_ids,
-                char *err, size_t errlen);
+/* ids: a malloc'd array the caller frees. Special tokens written in the text (<|im_start|>, ...) are
+ * recognised when parse_special != 0. */
+int fm_tokenize(const fm_engine *e, const char *text, size_t len, int parse_special, int32_t **ids,
+                size_t *n_ids, char *err, size_t errlen);
 /* The bytes of one token (not NUL-terminated, may be part of a UTF-8 character); NULL for a bad id. */
 const char *fm_token_bytes(const fm_engine *e, int32_t id, size_t *len);
 /* 1 when id ends generation (eos, <|im_end|>, <|endoftext|>). */
@@ -106,28 +106,28 @@ typedef struct {
 } fm_round_trace;
 
 typedef struct {
-    int n_prompt;       /* tokens prefilled by this call */
-    int n_generated;    /* new tokens */
-    double prefill_s;   /* wall time of the prefill */
-    double decode_s;    /* wall time after the prefill */
-    int rounds;         /* speculative rounds */
-    int accepted;       /* drafts accepted over all rounds */
-    int plain_steps;    /* single-token target steps */
-    double draft_s;     /* time in the drafter (context + drafts) */
-    double verify_s;    /* time in verify blocks */
+    int n_prompt;     /* tokens prefilled by this call */
+    int n_generated;  /* new tokens */
+    double prefill_s; /* wall time of the prefill */
+    double decode_s;  /* wall time after the prefill */
+    int rounds;       /* speculative rounds */
+    int accepted;     /* drafts accepted over all rounds */
+    int plain_steps;  /* single-token target steps */
+    double draft_s;   /* time in the drafter (context + drafts) */
+    double verify_s;  /* time in verify blocks */
     fm_stop_reason stop;
-    int simulated;      /* 1 when drafts were replaced by simulated acceptance */
+    int simulated; /* 1 when drafts were replaced by simulated acceptance */
 } fm_generate_stats;
 
 /* Called with the new tokens as they are produced; return non-zero to stop early. */
 typedef int (*fm_token_callback)(void *user, const int32_t *ids, int n);
 
 typedef struct {
-    int max_new_tokens;   /* <= 0: until a stop token or the context is full */
-    int speculative;      /* use the drafter (needs one) */
-    int verify;           /* drafts per verify block: 0 adaptive (7 or all), else 1 .. block */
-    int fallback;         /* fall back to plain steps while drafting loses (timing based) */
-    int ignore_stop;      /* do not stop at the model's stop tokens (benchmarks) */
+    int max_new_tokens;      /* <= 0: until a stop token or the context is full */
+    int speculative;         /* use the drafter (needs one) */
+    int verify;              /* drafts per verify block: 0 adaptive (7 or all), else 1 .. block */
+    int fallback;            /* fall back to plain steps while drafting loses (timing based) */
+    int ignore_stop;         /* do not stop at the model's stop tokens (benchmarks) */
     const int32_t *stop_ids; /* extra token ids that end generation (also with ignore_stop) */
     int n_stop_ids;
     fm_token_callback on_tokens;
@@ -138,8 +138,8 @@ typedef struct {
     int *n_trace;
     /* Simulated acceptance (benchmarks): when sim_future != NULL, each round's drafts are replaced by
      * sim_future (the target's own greedy continuation, indexed from the first generated token) for the first
-     * k drafts and a wrong token after; k ~ Binomial(block, sim_mean / block), seeded by sim_seed. The drafter
-     * still runs in full. */
+     * k drafts and a wrong token after; k ~ Binomial(block, sim_mean / block), seeded by sim_seed. The
+     * drafter still runs in full. */
     const int32_t *sim_future;
     int sim_future_len;
     double sim_mean;
@@ -154,9 +154,10 @@ void fm_session_free(fm_session *s);
 void fm_session_reset(fm_session *s);
 int fm_session_pos(const fm_session *s);
 
-/* Appends ids to the session (prefill), then generates. *out (malloc'd, may be NULL) receives the new tokens. */
-int fm_session_generate(fm_session *s, const int32_t *ids, int n_ids, const fm_generate_params *p, int32_t **out,
-                        int *n_out, fm_generate_stats *stats, char *err, size_t errlen);
+/* Appends ids to the session (prefill), then generates. *out (malloc'd, may be NULL) receives the new tokens.
+ */
+int fm_session_generate(fm_session *s, const int32_t *ids, int n_ids, const fm_generate_params *p,
+                        int32_t **out, int *n_out, fm_generate_stats *stats, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,9 @@ cd "$root"
 scripts/install_deps.sh
 jobs=$(nproc)
 
+echo "== clang-format check"
+git ls-files '*.c' '*.h' | xargs -r clang-format --dry-run -Werror
+
 echo "== release build + tests"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"

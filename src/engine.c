@@ -31,7 +31,8 @@ static int choose_device(fm_engine *e, fm_device device, char *err, size_t errle
 #ifdef FLASHMAP_HAVE_CUDA
     if (device == FM_DEVICE_CPU) return 0;
     const int gpu = fm_cuda_available(), q8 = e->model->tok_embd.dtype == FM_DTYPE_Q8_0;
-    if (device == FM_DEVICE_CUDA && !gpu) return fm_set_error(err, errlen, "--device cuda: no usable CUDA device");
+    if (device == FM_DEVICE_CUDA && !gpu)
+        return fm_set_error(err, errlen, "--device cuda: no usable CUDA device");
     if (device == FM_DEVICE_CUDA && !q8)
         return fm_set_error(err, errlen, "--device cuda: the CUDA backend runs Q8_0 targets; this one is %s",
                             fm_dtype_name(e->model->tok_embd.dtype));
@@ -50,7 +51,8 @@ int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t
     if (!p->model_path) return fm_set_error(err, errlen, "no target model given (-m MODEL.gguf)");
 #ifndef FLASHMAP_HAVE_CUDA
     if (p->device == FM_DEVICE_CUDA)
-        return fm_set_error(err, errlen, "--device cuda: this build has no CUDA backend (rebuild with nvcc present)");
+        return fm_set_error(err, errlen,
+                            "--device cuda: this build has no CUDA backend (rebuild with nvcc present)");
 #endif
     fm_engine *e = calloc(1, sizeof *e);
     if (!e) return fm_set_error(err, errlen, "out of memory");
@@ -76,7 +78,8 @@ int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t
         ov.n_target_layers = p->drafter_n_target_layers;
         for (int i = 0; i < ov.n_target_layers; i++) ov.target_layers[i] = p->drafter_target_layers[i];
         /* The drafter's context covers the cache plus one block of slots. */
-        if (fm_drafter_load(p->drafter_path, e->model, &ov, e->n_ctx + FM_MAX_BLOCK + 1, &e->drafter, err, errlen))
+        if (fm_drafter_load(p->drafter_path, e->model, &ov, e->n_ctx + FM_MAX_BLOCK + 1, &e->drafter, err,
+                            errlen))
             goto fail;
         int n = 0;
         const int *layers = fm_drafter_target_layers(e->drafter, &n);
@@ -87,8 +90,8 @@ int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t
         memcpy(e->capture, layers, (size_t)n * sizeof *layers);
         e->n_capture = n;
         if (fm_drafter_block(e->drafter) > FM_MAX_BLOCK) {
-            fm_set_error(err, errlen, "drafter block %d exceeds the supported %d", fm_drafter_block(e->drafter),
-                         FM_MAX_BLOCK);
+            fm_set_error(err, errlen, "drafter block %d exceeds the supported %d",
+                         fm_drafter_block(e->drafter), FM_MAX_BLOCK);
             goto fail;
         }
     }
@@ -144,8 +147,8 @@ int fm_session_create(fm_engine *e, fm_session **out, char *err, size_t errlen) 
 #ifdef FLASHMAP_HAVE_CUDA
     if (e->use_cuda) {
         fm_cuda_backend *gpu = NULL;
-        if (fm_cuda_backend_create(e->model, e->drafter, e->n_ctx, max_eval, e->capture, e->n_capture, &gpu, err,
-                                   errlen)) {
+        if (fm_cuda_backend_create(e->model, e->drafter, e->n_ctx, max_eval, e->capture, e->n_capture, &gpu,
+                                   err, errlen)) {
             free(s);
             return -1;
         }
@@ -182,12 +185,16 @@ void fm_session_reset(fm_session *s) {
     s->has_next = 0;
 }
 
-int fm_session_pos(const fm_session *s) { return s->backend.pos(s->backend.ctx) + s->has_next; }
+int fm_session_pos(const fm_session *s) {
+    return s->backend.pos(s->backend.ctx) + s->has_next;
+}
 
-static int is_stop_token(const void *ctx, int32_t id) { return fm_token_is_stop((const fm_engine *)ctx, id); }
+static int is_stop_token(const void *ctx, int32_t id) {
+    return fm_token_is_stop((const fm_engine *)ctx, id);
+}
 
-int fm_session_generate(fm_session *s, const int32_t *ids, int n_ids, const fm_generate_params *p, int32_t **out,
-                        int *n_out, fm_generate_stats *stats, char *err, size_t errlen) {
+int fm_session_generate(fm_session *s, const int32_t *ids, int n_ids, const fm_generate_params *p,
+                        int32_t **out, int *n_out, fm_generate_stats *stats, char *err, size_t errlen) {
     fm_generate_stats local;
     if (!stats) stats = &local;
     if (n_ids < 0 || (n_ids > 0 && !ids)) return fm_set_error(err, errlen, "bad input ids");
@@ -207,7 +214,8 @@ int fm_session_generate(fm_session *s, const int32_t *ids, int n_ids, const fm_g
         }
     int32_t *gen = NULL;
     int n_gen = 0;
-    int rc = fm_decode_run(&s->backend, &s->avg, all, n, p, is_stop_token, s->e, &gen, &n_gen, stats, err, errlen);
+    int rc =
+        fm_decode_run(&s->backend, &s->avg, all, n, p, is_stop_token, s->e, &gen, &n_gen, stats, err, errlen);
     free(all);
     if (rc) return rc;
     if (n_gen > 0) {

@@ -24,8 +24,8 @@ struct fm_engine {
 
 struct fm_session {
     fm_engine *e;
-    fm_cpu_backend *cpu;   /* one of cpu / cuda is set */
-    void *cuda;            /* fm_cuda_backend, when the engine runs on the GPU */
+    fm_cpu_backend *cpu; /* one of cpu / cuda is set */
+    void *cuda;          /* fm_cuda_backend, when the engine runs on the GPU */
     fm_decode_backend backend;
     fm_decode_averages avg;
     int has_next; /* the last generated token is not in the cache yet */

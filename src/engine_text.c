@@ -17,15 +17,17 @@ void fm_engine_load_tokenizer(fm_engine *e) {
     if (fm_tokenizer_load_gguf(e->model->gguf, &e->tok, e->tok_error, sizeof e->tok_error)) e->tok = NULL;
 }
 
-void fm_engine_free_tokenizer(fm_engine *e) { fm_tokenizer_free(e->tok); }
+void fm_engine_free_tokenizer(fm_engine *e) {
+    fm_tokenizer_free(e->tok);
+}
 
 static int need_tokenizer(const fm_engine *e, char *err, size_t errlen) {
     if (e->tok) return 0;
     return fm_set_error(err, errlen, "no usable tokenizer in the model (%s); use --prompt-ids", e->tok_error);
 }
 
-int fm_tokenize(const fm_engine *e, const char *text, size_t len, int parse_special, int32_t **ids, size_t *n_ids,
-                char *err, size_t errlen) {
+int fm_tokenize(const fm_engine *e, const char *text, size_t len, int parse_special, int32_t **ids,
+                size_t *n_ids, char *err, size_t errlen) {
     if (need_tokenizer(e, err, errlen)) return -1;
     return fm_tokenizer_encode(e->tok, text, len, parse_special, ids, n_ids, err, errlen);
 }
@@ -34,7 +36,9 @@ const char *fm_token_bytes(const fm_engine *e, int32_t id, size_t *len) {
     return e->tok ? fm_tokenizer_token_bytes(e->tok, id, len) : NULL;
 }
 
-int fm_token_is_stop(const fm_engine *e, int32_t id) { return e->tok ? fm_tokenizer_is_stop(e->tok, id) : 0; }
+int fm_token_is_stop(const fm_engine *e, int32_t id) {
+    return e->tok ? fm_tokenizer_is_stop(e->tok, id) : 0;
+}
 
 /* Through the streaming decoder, so the text is valid UTF-8 (invalid bytes become U+FFFD, as HF decodes). */
 int fm_detokenize(const fm_engine *e, const int32_t *ids, size_t n, char **out, size_t *len, char *err,
@@ -46,7 +50,8 @@ int fm_detokenize(const fm_engine *e, const int32_t *ids, size_t n, char **out, 
     char *text = malloc(cap);
     for (size_t i = 0; text && i <= n; i++) {
         size_t piece_len = 0;
-        const char *piece = i < n ? fm_detok_push(&d, e->tok, ids[i], &piece_len) : fm_detok_flush(&d, &piece_len);
+        const char *piece =
+            i < n ? fm_detok_push(&d, e->tok, ids[i], &piece_len) : fm_detok_flush(&d, &piece_len);
         if (!piece) {
             free(text);
             fm_detok_free(&d);
@@ -102,4 +107,6 @@ const char *fm_text_stream_push(fm_text_stream *s, int32_t id, size_t *len) {
     return fm_detok_push(&s->d, s->e->tok, id, len);
 }
 
-const char *fm_text_stream_flush(fm_text_stream *s, size_t *len) { return fm_detok_flush(&s->d, len); }
+const char *fm_text_stream_flush(fm_text_stream *s, size_t *len) {
+    return fm_detok_flush(&s->d, len);
+}

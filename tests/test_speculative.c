@@ -119,7 +119,8 @@ int main(void) {
                     CHECK_MSG(0, "plain generation failed");
                     continue;
                 }
-                CHECK_MSG(a.n <= plain.max_new_tokens, "plain produced %d > -n %d", a.n, plain.max_new_tokens);
+                CHECK_MSG(a.n <= plain.max_new_tokens, "plain produced %d > -n %d", a.n,
+                          plain.max_new_tokens);
                 fm_generate_params sp = plain;
                 sp.speculative = 1;
                 static const int verify_modes[] = {0, 1, 3, 7, 15, 16};
@@ -155,7 +156,8 @@ int main(void) {
                 }
                 cases++;
                 CHECK_MSG(same(&a, &b),
-                          "model %s ctx %d case %d: speculative (verify %d, fallback %d, sim %d) differs from plain "
+                          "model %s ctx %d case %d: speculative (verify %d, fallback %d, sim %d) differs "
+                          "from plain "
                           "(%d vs %d tokens)",
                           MODELS[mi].type, info.n_ctx, c, sp.verify, sp.fallback, simulate, b.n, a.n);
                 CHECK(b.n <= sp.max_new_tokens);

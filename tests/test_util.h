@@ -1,5 +1,6 @@
 /* test_util.h: the tiny harness every tests/test_*.c uses. CHECK records a failure and goes on; each test
- * file ends main() with `return fm_test_report("name")`, which prints "N passed, M failed" and sets the exit. */
+ * file ends main() with `return fm_test_report("name")`, which prints "N passed, M failed" and sets the exit.
+ */
 #ifndef FM_TEST_UTIL_H
 #define FM_TEST_UTIL_H
 
@@ -34,8 +35,9 @@ static int fm_test_passed, fm_test_failed;
         }                                                                                                    \
     } while (0)
 
-#define CHECK_NEAR(a, b, tol) CHECK_MSG(fabs((double)(a) - (double)(b)) <= (tol), "%g vs %g (tol %g)", \
-                                        (double)(a), (double)(b), (double)(tol))
+#define CHECK_NEAR(a, b, tol)                                                                                \
+    CHECK_MSG(fabs((double)(a) - (double)(b)) <= (tol), "%g vs %g (tol %g)", (double)(a), (double)(b),       \
+              (double)(tol))
 
 /* A directory the test may write to (the build dir's tmp), created on demand. */
 static inline const char *fm_test_tmpdir(void) {

@@ -10,7 +10,8 @@ int cli_parse_int(const char *cmd, const char *opt, const char *s, long lo, long
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "flashmap %s: %s expects a whole number from %ld to %ld, got '%s'\n", cmd, opt, lo, hi, s);
+        fprintf(stderr, "flashmap %s: %s expects a whole number from %ld to %ld, got '%s'\n", cmd, opt, lo,
+                hi, s);
         return -1;
     }
     *out = v;
@@ -41,7 +42,8 @@ int cli_parse_id_list(const char *cmd, const char *opt, const char *s, int32_t *
         errno = 0;
         long x = strtol(c, &end, 10);
         if (errno || end == c || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
-            fprintf(stderr, "flashmap %s: %s expects comma-separated token ids, bad entry in '%s'\n", cmd, opt, s);
+            fprintf(stderr, "flashmap %s: %s expects comma-separated token ids, bad entry in '%s'\n", cmd,
+                    opt, s);
             free(v);
             return -1;
         }

@@ -5,7 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Parses a whole decimal integer in [lo, hi]; prints "flashmap CMD: OPT expects ..." and returns -1 otherwise. */
+/* Parses a whole decimal integer in [lo, hi]; prints "flashmap CMD: OPT expects ..." and returns -1
+ * otherwise. */
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out);
 /* "1,2,3" -> malloc'd ids; -1 with a message on bad input. */

@@ -1,10 +1,11 @@
 /* cmd_chat.c: `flashmap chat`: an interactive conversation that keeps its KV cache (and the drafter's
  * context) across turns, so each turn prefills only the new user message.
  *
- * Turn text: the first turn is the Qwen3 template of [system?, user] with the assistant prompt; a later turn is
- * "\n" (closing the previous assistant turn after its <|im_end|>) plus the template of [user] alone. The cache
- * keeps the assistant's replies as generated (thinking included), as llama.cpp's chat does; the template
- * itself would drop earlier thinking when re-rendering the whole history. */
+ * Turn text: the first turn is the Qwen3 template of [system?, user] with the assistant prompt; a later turn
+ * is
+ * "\n" (closing the previous assistant turn after its <|im_end|>) plus the template of [user] alone. The
+ * cache keeps the assistant's replies as generated (thinking included), as llama.cpp's chat does; the
+ * template itself would drop earlier thinking when re-rendering the whole history. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,13 +51,20 @@ int cmd_chat(int argc, char **argv) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "-d") || !strcmp(a, "--system") || !strcmp(a, "-n") ||
                    !strcmp(a, "-t") || !strcmp(a, "--ctx") || !strcmp(a, "--verify")) {
             if (!(v = cli_value(CMD, argc, argv, &i))) return 2;
-            if (!strcmp(a, "-m")) model = v;
-            else if (!strcmp(a, "-d")) drafter = v;
-            else if (!strcmp(a, "--system")) system = v;
-            else if (!strcmp(a, "-n") && cli_parse_int(CMD, a, v, 1, 1 << 20, &n_predict)) return 2;
-            else if (!strcmp(a, "-t") && cli_parse_int(CMD, a, v, 1, 1024, &threads)) return 2;
-            else if (!strcmp(a, "--ctx") && cli_parse_int(CMD, a, v, 16, 1 << 20, &n_ctx)) return 2;
-            else if (!strcmp(a, "--verify") && strcmp(v, "adaptive") && cli_parse_int(CMD, a, v, 1, 32, &verify))
+            if (!strcmp(a, "-m"))
+                model = v;
+            else if (!strcmp(a, "-d"))
+                drafter = v;
+            else if (!strcmp(a, "--system"))
+                system = v;
+            else if (!strcmp(a, "-n") && cli_parse_int(CMD, a, v, 1, 1 << 20, &n_predict))
+                return 2;
+            else if (!strcmp(a, "-t") && cli_parse_int(CMD, a, v, 1, 1024, &threads))
+                return 2;
+            else if (!strcmp(a, "--ctx") && cli_parse_int(CMD, a, v, 16, 1 << 20, &n_ctx))
+                return 2;
+            else if (!strcmp(a, "--verify") && strcmp(v, "adaptive") &&
+                     cli_parse_int(CMD, a, v, 1, 32, &verify))
                 return 2;
         } else {
             fprintf(stderr, "flashmap %s: unknown option '%s' (see --help)\n", CMD, a);

@@ -21,30 +21,34 @@ typedef struct {
 } gen_opts;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: flashmap generate [-m TARGET.gguf] [-d DRAFTER] (-p TEXT | -f FILE | --prompt-ids 1,2,3)\n"
-            "                         [-n N] [-t THREADS] [--ctx N] [--chat [--system TEXT] [--no-think]]\n"
-            "                         [--no-spec] [--verify adaptive|K] [--no-fallback] [--device cpu|cuda]\n"
-            "                         [--json] [--trace] [--ignore-eos] [--simulate MEAN [--seed N]]\n\n"
-            "  -m PATH           target model (Qwen3 dense GGUF); default: the cached pinned Qwen3-4B (flashmap pull)\n"
-            "  -d PATH           FlashMap drafter (.safetensors or a folder with model.safetensors); enables\n"
-            "                    speculative decoding. Default with neither -m nor -d: the cached pinned drafter\n"
-            "  -p TEXT, -f FILE  prompt text (special tokens such as <|im_start|> are recognised)\n"
-            "  --prompt-ids L    prompt as comma-separated token ids\n"
-            "  -n N              new tokens at most (default 128)\n"
-            "  -t N              threads (default: all cores)\n"
-            "  --ctx N           KV cache size in tokens (default 4096)\n"
-            "  --chat            wrap the prompt in the Qwen3 chat template as the user message\n"
-            "  --system TEXT     system message (with --chat)\n"
-            "  --no-think        add the empty think block (Qwen3 enable_thinking=False)\n"
-            "  --no-spec         plain decoding even with a drafter\n"
-            "  --verify MODE     drafts verified per round: adaptive (7 or 16) or a fixed K\n"
-            "  --no-fallback     never fall back to plain steps when drafting loses\n"
-            "  --json            print one JSON object (prompt_ids, tokens, text, stats) instead of text\n"
-            "  --trace           with --json: every speculative round (pos, anchor, drafted, verified, accepted)\n"
-            "  --ignore-eos      do not stop at stop tokens\n"
-            "  --simulate MEAN   SIMULATED acceptance for benchmarks: decode plainly first, then replace the\n"
-            "                    drafts by the known continuation for k ~ Binomial(16, MEAN/16) tokens per round\n");
+    fprintf(
+        f, "usage: flashmap generate [-m TARGET.gguf] [-d DRAFTER] (-p TEXT | -f FILE | --prompt-ids 1,2,3)\n"
+           "                         [-n N] [-t THREADS] [--ctx N] [--chat [--system TEXT] [--no-think]]\n"
+           "                         [--no-spec] [--verify adaptive|K] [--no-fallback] [--device cpu|cuda]\n"
+           "                         [--json] [--trace] [--ignore-eos] [--simulate MEAN [--seed N]]\n\n"
+           "  -m PATH           target model (Qwen3 dense GGUF); default: the cached pinned Qwen3-4B "
+           "(flashmap pull)\n"
+           "  -d PATH           FlashMap drafter (.safetensors or a folder with model.safetensors); enables\n"
+           "                    speculative decoding. Default with neither -m nor -d: the cached pinned "
+           "drafter\n"
+           "  -p TEXT, -f FILE  prompt text (special tokens such as <|im_start|> are recognised)\n"
+           "  --prompt-ids L    prompt as comma-separated token ids\n"
+           "  -n N              new tokens at most (default 128)\n"
+           "  -t N              threads (default: all cores)\n"
+           "  --ctx N           KV cache size in tokens (default 4096)\n"
+           "  --chat            wrap the prompt in the Qwen3 chat template as the user message\n"
+           "  --system TEXT     system message (with --chat)\n"
+           "  --no-think        add the empty think block (Qwen3 enable_thinking=False)\n"
+           "  --no-spec         plain decoding even with a drafter\n"
+           "  --verify MODE     drafts verified per round: adaptive (7 or 16) or a fixed K\n"
+           "  --no-fallback     never fall back to plain steps when drafting loses\n"
+           "  --json            print one JSON object (prompt_ids, tokens, text, stats) instead of text\n"
+           "  --trace           with --json: every speculative round (pos, anchor, drafted, verified, "
+           "accepted)\n"
+           "  --ignore-eos      do not stop at stop tokens\n"
+           "  --simulate MEAN   SIMULATED acceptance for benchmarks: decode plainly first, then replace the\n"
+           "                    drafts by the known continuation for k ~ Binomial(16, MEAN/16) tokens per "
+           "round\n");
 }
 
 static int parse(int argc, char **argv, gen_opts *o) {
@@ -62,7 +66,7 @@ static int parse(int argc, char **argv, gen_opts *o) {
             usage(stdout);
             exit(0);
         }
-#define VALUE() \
+#define VALUE()                                                                                              \
     if (!(v = cli_value(CMD, argc, argv, &i))) return -1
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             VALUE();
@@ -104,9 +108,12 @@ static int parse(int argc, char **argv, gen_opts *o) {
             }
         } else if (!strcmp(a, "--device")) {
             VALUE();
-            if (!strcmp(v, "cpu")) o->device = FM_DEVICE_CPU;
-            else if (!strcmp(v, "cuda")) o->device = FM_DEVICE_CUDA;
-            else if (!strcmp(v, "auto")) o->device = FM_DEVICE_AUTO;
+            if (!strcmp(v, "cpu"))
+                o->device = FM_DEVICE_CPU;
+            else if (!strcmp(v, "cuda"))
+                o->device = FM_DEVICE_CUDA;
+            else if (!strcmp(v, "auto"))
+                o->device = FM_DEVICE_AUTO;
             else {
                 fprintf(stderr, "flashmap %s: --device expects cpu, cuda or auto, got '%s'\n", CMD, v);
                 return -1;
@@ -139,7 +146,8 @@ static int parse(int argc, char **argv, gen_opts *o) {
     }
     int sources = !!o->prompt + !!o->prompt_file + !!o->prompt_ids;
     if (sources != 1) {
-        fprintf(stderr, "flashmap %s: give exactly one of -p TEXT, -f FILE or --prompt-ids (see --help)\n", CMD);
+        fprintf(stderr, "flashmap %s: give exactly one of -p TEXT, -f FILE or --prompt-ids (see --help)\n",
+                CMD);
         return -1;
     }
     if (o->chat && o->prompt_ids) {
@@ -209,21 +217,25 @@ static int stream_tokens(void *user, const int32_t *ids, int n) {
 
 static const char *stop_name(fm_stop_reason r) {
     switch (r) {
-    case FM_STOP_LENGTH: return "length";
-    case FM_STOP_TOKEN: return "stop token";
-    case FM_STOP_CONTEXT: return "context full";
-    default: return "none";
+    case FM_STOP_LENGTH:
+        return "length";
+    case FM_STOP_TOKEN:
+        return "stop token";
+    case FM_STOP_CONTEXT:
+        return "context full";
+    default:
+        return "none";
     }
 }
 
 static void print_stats(const fm_generate_stats *st, int spec) {
     const double decode_tok = st->n_generated > 1 ? st->n_generated - 1 : 0;
     fprintf(stderr, "prompt %d tok | prefill %.1f tok/s | decode %.2f tok/s | %d new tok", st->n_prompt,
-            st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0, st->decode_s > 0 ? decode_tok / st->decode_s : 0,
-            st->n_generated);
+            st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0,
+            st->decode_s > 0 ? decode_tok / st->decode_s : 0, st->n_generated);
     if (spec)
-        fprintf(stderr, " | rounds %d, mean accepted %.2f, plain steps %d | draft %.0f%% verify %.0f%%%s", st->rounds,
-                st->rounds ? (double)st->accepted / st->rounds : 0, st->plain_steps,
+        fprintf(stderr, " | rounds %d, mean accepted %.2f, plain steps %d | draft %.0f%% verify %.0f%%%s",
+                st->rounds, st->rounds ? (double)st->accepted / st->rounds : 0, st->plain_steps,
                 st->decode_s > 0 ? 100 * st->draft_s / (st->prefill_s + st->decode_s) : 0,
                 st->decode_s > 0 ? 100 * st->verify_s / (st->prefill_s + st->decode_s) : 0,
                 st->simulated ? " | SIMULATED acceptance" : "");
@@ -243,7 +255,8 @@ static void print_json(fm_engine *e, const int32_t *prompt, int n_prompt, const 
     cJSON_AddItemToObject(root, "tokens", ids_json(toks, n_toks));
     char *text = NULL, err[FM_ERRBUF_SIZE];
     size_t len = 0;
-    if (fm_detokenize(e, toks, (size_t)n_toks, &text, &len, err, sizeof err)) text = NULL; /* ids-only model */
+    if (fm_detokenize(e, toks, (size_t)n_toks, &text, &len, err, sizeof err))
+        text = NULL; /* ids-only model */
     cJSON_AddStringToObject(root, "text", text ? text : "");
     free(text);
     cJSON *s = cJSON_AddObjectToObject(root, "stats");
@@ -253,7 +266,8 @@ static void print_json(fm_engine *e, const int32_t *prompt, int n_prompt, const 
     cJSON_AddNumberToObject(s, "decode_s", st->decode_s);
     cJSON_AddNumberToObject(s, "prefill_tok_s", st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0);
     cJSON_AddNumberToObject(s, "decode_tok_s",
-                            st->decode_s > 0 && st->n_generated > 1 ? (st->n_generated - 1) / st->decode_s : 0);
+                            st->decode_s > 0 && st->n_generated > 1 ? (st->n_generated - 1) / st->decode_s
+                                                                    : 0);
     cJSON_AddBoolToObject(s, "speculative", spec);
     cJSON_AddNumberToObject(s, "rounds", st->rounds);
     cJSON_AddNumberToObject(s, "accepted", st->accepted);
@@ -293,7 +307,8 @@ int cmd_generate(int argc, char **argv) {
         }
         o.model = model_path;
         if (!o.drafter && o.spec &&
-            fm_cache_resolve_default(FM_CACHE_DRAFTER, drafter_path, sizeof drafter_path, err, sizeof err) == 0)
+            fm_cache_resolve_default(FM_CACHE_DRAFTER, drafter_path, sizeof drafter_path, err, sizeof err) ==
+                0)
             o.drafter = drafter_path;
     }
     fm_engine_params ep;
@@ -331,7 +346,8 @@ int cmd_generate(int argc, char **argv) {
         /* The known continuation: a plain pass first, then the same prompt speculatively. */
         fm_generate_params plain = gp;
         plain.speculative = 0;
-        if (fm_session_generate(s, prompt, n_prompt, &plain, &future, &n_future, NULL, err, sizeof err)) goto fail;
+        if (fm_session_generate(s, prompt, n_prompt, &plain, &future, &n_future, NULL, err, sizeof err))
+            goto fail;
         fm_session_reset(s);
         gp.sim_future = future;
         gp.sim_future_len = n_future;

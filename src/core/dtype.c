@@ -5,11 +5,20 @@
 
 int fm_dtype_from_ggml(uint32_t ggml_type, fm_dtype *out) {
     switch (ggml_type) {
-    case FM_GGML_TYPE_F32: *out = FM_DTYPE_F32; return 0;
-    case FM_GGML_TYPE_F16: *out = FM_DTYPE_F16; return 0;
-    case FM_GGML_TYPE_BF16: *out = FM_DTYPE_BF16; return 0;
-    case FM_GGML_TYPE_Q8_0: *out = FM_DTYPE_Q8_0; return 0;
-    default: return -1;
+    case FM_GGML_TYPE_F32:
+        *out = FM_DTYPE_F32;
+        return 0;
+    case FM_GGML_TYPE_F16:
+        *out = FM_DTYPE_F16;
+        return 0;
+    case FM_GGML_TYPE_BF16:
+        *out = FM_DTYPE_BF16;
+        return 0;
+    case FM_GGML_TYPE_Q8_0:
+        *out = FM_DTYPE_Q8_0;
+        return 0;
+    default:
+        return -1;
     }
 }
 
@@ -41,7 +50,9 @@ int fm_dtype_parse(const char *name, fm_dtype *out) {
     return -1;
 }
 
-int fm_dtype_block_elems(fm_dtype t) { return t == FM_DTYPE_Q8_0 ? FM_QK8_0 : 1; }
+int fm_dtype_block_elems(fm_dtype t) {
+    return t == FM_DTYPE_Q8_0 ? FM_QK8_0 : 1;
+}
 
 int fm_dtype_block_bytes(fm_dtype t) {
     static const int bytes[FM_DTYPE_COUNT] = {

@@ -1,5 +1,6 @@
 /* rng.h: splitmix64, the small counter-based generator used wherever the engine needs reproducible random
- * numbers (synthetic weights, simulated acceptance, benchmark prompts): same seed, same stream, on any machine. */
+ * numbers (synthetic weights, simulated acceptance, benchmark prompts): same seed, same stream, on any
+ * machine. */
 #ifndef FM_CORE_RNG_H
 #define FM_CORE_RNG_H
 
@@ -13,6 +14,8 @@ static inline uint64_t fm_splitmix64(uint64_t *state) {
 }
 
 /* Uniform in [0, 1) with 53 random bits. */
-static inline double fm_rng_uniform(uint64_t *state) { return (double)(fm_splitmix64(state) >> 11) * 0x1.0p-53; }
+static inline double fm_rng_uniform(uint64_t *state) {
+    return (double)(fm_splitmix64(state) >> 11) * 0x1.0p-53;
+}
 
 #endif

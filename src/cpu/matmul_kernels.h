@@ -16,9 +16,9 @@ typedef struct {
     const float *x;          /* [T][cols] f32 activations */
     const fm_block_q8_0 *xq; /* [cols / 32][T] Q8_0 activations, block-major (Q8_0 weights only) */
     const float *xd;         /* [cols / 32][T] f32 value of each xq block's f16 scale (block-major) */
-    const float *xd_tok;     /* [T][cols / 32] the same scales token-major: 4 consecutive blocks in one load */
-    const uint16_t *xbf_hi;  /* [T][cols] bf16(x) (AVX512-BF16 kernel only) */
-    const uint16_t *xbf_lo;  /* [T][cols] bf16(x - f32(xbf_hi)): hi + lo carries ~16 mantissa bits */
+    const float *xd_tok;    /* [T][cols / 32] the same scales token-major: 4 consecutive blocks in one load */
+    const uint16_t *xbf_hi; /* [T][cols] bf16(x) (AVX512-BF16 kernel only) */
+    const uint16_t *xbf_lo; /* [T][cols] bf16(x - f32(xbf_hi)): hi + lo carries ~16 mantissa bits */
 } fm_mm_act;
 
 typedef void (*fm_mm_kernel)(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,

@@ -1,7 +1,8 @@
 /* cuda_backend.h: fm_decode_backend on an NVIDIA GPU (plain C; the CUDA code is in the .cu files beside it).
  * Weights are uploaded once in their stored type (target Q8_0, drafter BF16); the target's KV cache, its
  * captured features, the drafter's context cache and all activations stay on the GPU, so a call copies in
- * only token ids and copies out only argmax ids. Only compiled when the build has CUDA (FLASHMAP_HAVE_CUDA). */
+ * only token ids and copies out only argmax ids. Only compiled when the build has CUDA (FLASHMAP_HAVE_CUDA).
+ */
 #ifndef FM_CUDA_BACKEND_H
 #define FM_CUDA_BACKEND_H
 
@@ -23,8 +24,9 @@ typedef struct fm_cuda_backend fm_cuda_backend;
 /* d may be NULL (no drafter). capture: target layers whose outputs are the drafter's features. The target
  * must be Q8_0 (every matrix), the drafter BF16. The host model and drafter may be freed after this returns
  * (their weights and precomputed constants are copied). */
-int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d, int n_ctx, int max_eval, const int *capture,
-                           int n_capture, fm_cuda_backend **out, char *err, size_t errlen);
+int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d, int n_ctx, int max_eval,
+                           const int *capture, int n_capture, fm_cuda_backend **out, char *err,
+                           size_t errlen);
 void fm_cuda_backend_free(fm_cuda_backend *b);
 fm_decode_backend fm_cuda_backend_ops(fm_cuda_backend *b);
 

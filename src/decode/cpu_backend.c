@@ -23,7 +23,8 @@ int fm_cpu_backend_create(const qwen3_model *m, fm_drafter *drafter, fm_pool *po
     *out = NULL;
     fm_cpu_backend *b = calloc(1, sizeof *b);
     if (!b) return fm_set_error(err, errlen, "out of memory");
-    qwen3_state_params sp = {.n_ctx = n_ctx, .max_batch = max_eval, .capture_layers = capture, .n_capture = n_capture};
+    qwen3_state_params sp = {
+        .n_ctx = n_ctx, .max_batch = max_eval, .capture_layers = capture, .n_capture = n_capture};
     if (qwen3_state_create(m, &sp, &b->state, err, errlen)) {
         free(b);
         return -1;
@@ -43,9 +44,12 @@ void fm_cpu_backend_free(fm_cpu_backend *b) {
     free(b);
 }
 
-static int cpu_pos(void *ctx) { return qwen3_state_pos(((fm_cpu_backend *)ctx)->state); }
+static int cpu_pos(void *ctx) {
+    return qwen3_state_pos(((fm_cpu_backend *)ctx)->state);
+}
 
-static int cpu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err, size_t errlen) {
+static int cpu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err,
+                    size_t errlen) {
     fm_cpu_backend *b = ctx;
     const qwen3_out out = !argmax ? QWEN3_OUT_NONE : all_rows ? QWEN3_OUT_ALL_ARGMAX : QWEN3_OUT_LAST_LOGITS;
     if (qwen3_forward(b->model, b->state, b->pool, ids, n, out, err, errlen)) return -1;
@@ -65,8 +69,8 @@ static int flush(fm_cpu_backend *b, char *err, size_t errlen) {
     const int fw = qwen3_state_feature_width(b->state);
     for (int r = 0; r < b->pending_rows; r += b->max_eval) {
         const int n = b->pending_rows - r < b->max_eval ? b->pending_rows - r : b->max_eval;
-        if (fm_drafter_extend_context(b->drafter, b->pool, b->pending + (size_t)r * fw, n, b->pending_start + r, err,
-                                      errlen))
+        if (fm_drafter_extend_context(b->drafter, b->pool, b->pending + (size_t)r * fw, n,
+                                      b->pending_start + r, err, errlen))
             return -1;
     }
     b->pending_rows = 0;
@@ -88,7 +92,8 @@ static int cpu_commit_features(void *ctx, int n, int start, char *err, size_t er
         b->pending = p;
         b->pending_cap = cap;
     }
-    memcpy(b->pending + (size_t)b->pending_rows * fw, qwen3_state_features(b->state), (size_t)n * fw * sizeof(float));
+    memcpy(b->pending + (size_t)b->pending_rows * fw, qwen3_state_features(b->state),
+           (size_t)n * fw * sizeof(float));
     b->pending_rows += n;
     return 0;
 }

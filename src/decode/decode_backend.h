@@ -1,6 +1,6 @@
 /* decode_backend.h: what the decoding loop needs from a device: the target (eval T tokens at the current
- * position, rewind) and the drafter (its context from the target's features, a draft). The CPU implements it in
- * cpu_backend.c, CUDA in src/cuda/; the loop in speculative.c is the same for both.
+ * position, rewind) and the drafter (its context from the target's features, a draft). The CPU implements it
+ * in cpu_backend.c, CUDA in src/cuda/; the loop in speculative.c is the same for both.
  *
  * Features never pass through the loop: a backend keeps the captured rows of its last eval and hands them to
  * its drafter in commit_features, so on a GPU they stay on the GPU. */
@@ -12,15 +12,16 @@
 
 typedef struct {
     void *ctx;
-    int n_ctx;       /* KV cache positions */
+    int n_ctx; /* KV cache positions */
     int vocab;
-    int max_eval;    /* most tokens one eval may take */
-    int block;       /* drafter block size; 0 when there is no drafter */
-    int drafter_ctx; /* drafter context positions; a round needs pos + block + 1 <= drafter_ctx */
+    int max_eval;          /* most tokens one eval may take */
+    int block;             /* drafter block size; 0 when there is no drafter */
+    int drafter_ctx;       /* drafter context positions; a round needs pos + block + 1 <= drafter_ctx */
     int (*pos)(void *ctx); /* tokens held in the KV cache */
     /* Runs ids[0..n) at positions pos .. pos+n-1. argmax == NULL: fill the cache only; else all_rows ? the
      * argmax of every row : of the last row only, into argmax[]. */
-    int (*eval)(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err, size_t errlen);
+    int (*eval)(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err,
+                size_t errlen);
     /* Drops positions >= pos. */
     void (*rewind)(void *ctx, int pos);
     /* The features of rows [0, n) of the last eval become the drafter's context at start .. start+n-1

@@ -58,7 +58,8 @@ void fm_decode_averages_reset(fm_decode_averages *a) {
 }
 
 /* Prefill in chunks; every chunk's features go to the drafter. Returns the argmax of the last row. */
-static int prefill(const fm_decode_backend *b, const int32_t *ids, int n, int32_t *first, char *err, size_t errlen) {
+static int prefill(const fm_decode_backend *b, const int32_t *ids, int n, int32_t *first, char *err,
+                   size_t errlen) {
     for (int i = 0; i < n; i += b->max_eval) {
         const int len = n - i < b->max_eval ? n - i : b->max_eval, start = b->pos(b->ctx);
         if (b->eval(b->ctx, ids + i, len, 0, i + len >= n ? first : NULL, err, errlen) ||
@@ -75,7 +76,8 @@ static int binomial(uint64_t *rng, int n, double p) {
     return k;
 }
 
-/* Replaces drafts by the known greedy future for the first k and a wrong token after (simulated acceptance). */
+/* Replaces drafts by the known greedy future for the first k and a wrong token after (simulated acceptance).
+ */
 static void simulate_drafts(const fm_generate_params *p, uint64_t *rng, int block, int produced, int vocab,
                             int32_t *drafts) {
     const double prob = p->sim_mean <= 0 ? 0 : p->sim_mean >= block ? 1 : p->sim_mean / block;
@@ -88,23 +90,27 @@ static void simulate_drafts(const fm_generate_params *p, uint64_t *rng, int bloc
 }
 
 /* A stop: the model's own stop tokens (unless ignored) or one of the caller's extra ids. */
-static int stops_at(const fm_generate_params *p, int (*is_stop)(const void *, int32_t), const void *ctx, int32_t id) {
+static int stops_at(const fm_generate_params *p, int (*is_stop)(const void *, int32_t), const void *ctx,
+                    int32_t id) {
     for (int i = 0; i < p->n_stop_ids; i++)
         if (p->stop_ids[i] == id) return 1;
     return !p->ignore_stop && is_stop(ctx, id);
 }
 
 int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int32_t *ids, int n_ids,
-                  const fm_generate_params *p, int (*is_stop)(const void *ctx, int32_t id), const void *stop_ctx,
-                  int32_t **out, int *n_out, fm_generate_stats *st, char *err, size_t errlen) {
+                  const fm_generate_params *p, int (*is_stop)(const void *ctx, int32_t id),
+                  const void *stop_ctx, int32_t **out, int *n_out, fm_generate_stats *st, char *err,
+                  size_t errlen) {
     memset(st, 0, sizeof *st);
     if (out) *out = NULL;
     if (n_out) *n_out = 0;
     if (n_ids < 1) return fm_set_error(err, errlen, "nothing to decode: the prompt is empty");
-    if (p->speculative && !b->block) return fm_set_error(err, errlen, "speculative decoding needs a drafter (-d)");
+    if (p->speculative && !b->block)
+        return fm_set_error(err, errlen, "speculative decoding needs a drafter (-d)");
     const int n_ctx = b->n_ctx, vocab = b->vocab, block = b->block, drafter_ctx = b->drafter_ctx;
     if (b->pos(b->ctx) + n_ids >= n_ctx)
-        return fm_set_error(err, errlen, "the prompt (%d tokens at position %d) does not fit the context (--ctx %d)",
+        return fm_set_error(err, errlen,
+                            "the prompt (%d tokens at position %d) does not fit the context (--ctx %d)",
                             n_ids, b->pos(b->ctx), n_ctx);
     out_buf o = {.limit = p->max_new_tokens > 0 ? p->max_new_tokens : n_ctx};
     uint64_t rng = p->sim_seed ^ 0x5eedull;
@@ -134,9 +140,9 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
         if (p->speculative && plain_left == 0) {
             K = p->verify > 0 ? p->verify : avg->ema_accept >= ADAPTIVE_THRESHOLD ? block : ADAPTIVE_SMALL_K;
             if (K > block) K = block;
-            if (K > remaining - 1) K = remaining - 1;         /* a round yields at most K + 1 tokens */
-            if (pos + K + 1 > n_ctx) K = n_ctx - pos - 1;      /* the verify block must fit the cache */
-            if (pos + block + 1 > drafter_ctx) K = 0;          /* near the drafter's limit: plain steps */
+            if (K > remaining - 1) K = remaining - 1;     /* a round yields at most K + 1 tokens */
+            if (pos + K + 1 > n_ctx) K = n_ctx - pos - 1; /* the verify block must fit the cache */
+            if (pos + block + 1 > drafter_ctx) K = 0;     /* near the drafter's limit: plain steps */
         }
         if (K <= 0) {
             /* A plain step on `next`; its features wait for the next draft. */
@@ -215,7 +221,8 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
             break;
         }
         /* Until a plain step was timed, a step is assumed to cost what a verify block costs (optimistic for
-         * drafting, so only clearly losing rounds fall back; the plain stretch then measures the real cost). */
+         * drafting, so only clearly losing rounds fall back; the plain stretch then measures the real cost).
+         */
         const double step_ms = isnan(avg->step_ms) ? avg->verify_ms : avg->step_ms;
         if (p->fallback && avg->n_rounds >= FALLBACK_MIN_ROUNDS && !isnan(avg->round_ms) &&
             avg->ema_tokens * step_ms < FALLBACK_MARGIN * avg->round_ms)

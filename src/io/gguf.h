@@ -79,9 +79,10 @@ int gguf_get_str(const gguf_file *f, const char *key, gguf_str *out, char *err, 
 
 /* Array elements by key: element i of a STRING array; or a numeric array as a typed pointer into the file
  * (element type must match exactly; the pointer may be unaligned: read with memcpy). */
-int gguf_get_arr_str(const gguf_file *f, const char *key, uint64_t i, gguf_str *out, char *err, size_t errlen);
-int gguf_get_arr_data(const gguf_file *f, const char *key, gguf_type elem_type, const void **data, uint64_t *n,
-                      char *err, size_t errlen);
+int gguf_get_arr_str(const gguf_file *f, const char *key, uint64_t i, gguf_str *out, char *err,
+                     size_t errlen);
+int gguf_get_arr_data(const gguf_file *f, const char *key, gguf_type elem_type, const void **data,
+                      uint64_t *n, char *err, size_t errlen);
 /* Number of elements of an array of any type; -1 and an error when key is missing or not an array. */
 int gguf_get_arr_len(const gguf_file *f, const char *key, uint64_t *n, char *err, size_t errlen);
 
@@ -115,11 +116,12 @@ void gguf_writer_set_str(gguf_writer *w, const char *key, const char *v);
 void gguf_writer_set_val(gguf_writer *w, const char *key, gguf_type type, const void *v);
 /* Arrays are copied. */
 void gguf_writer_set_arr_str(gguf_writer *w, const char *key, const char *const *v, uint64_t n);
-void gguf_writer_set_arr_data(gguf_writer *w, const char *key, gguf_type elem_type, const void *v, uint64_t n);
+void gguf_writer_set_arr_data(gguf_writer *w, const char *key, gguf_type elem_type, const void *v,
+                              uint64_t n);
 /* ne[0] innermost. data (size bytes, must equal the size the type and shape imply) is NOT copied: it must
  * stay valid until gguf_writer_write returns. */
-int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const int64_t *ne, fm_dtype dtype,
-                           const void *data, size_t size, char *err, size_t errlen);
+int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const int64_t *ne,
+                           fm_dtype dtype, const void *data, size_t size, char *err, size_t errlen);
 /* The same, with the bytes produced at write time by fill(ctx, dst, size) (multi-GB synthetic models are
  * generated tensor by tensor instead of held in memory at once). */
 typedef void (*gguf_fill_fn)(void *ctx, void *dst, size_t size);

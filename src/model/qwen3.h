@@ -13,29 +13,29 @@
 #include "io/gguf.h"
 
 typedef struct {
-    int n_layers;    /* qwen3.block_count */
-    int dim;         /* qwen3.embedding_length */
-    int n_heads;     /* qwen3.attention.head_count */
-    int n_kv_heads;  /* qwen3.attention.head_count_kv */
-    int head_dim;    /* qwen3.attention.key_length (else dim / n_heads) */
-    int ffn;         /* qwen3.feed_forward_length */
-    int vocab;       /* rows of token_embd.weight */
-    int ctx_train;   /* qwen3.context_length */
+    int n_layers;     /* qwen3.block_count */
+    int dim;          /* qwen3.embedding_length */
+    int n_heads;      /* qwen3.attention.head_count */
+    int n_kv_heads;   /* qwen3.attention.head_count_kv */
+    int head_dim;     /* qwen3.attention.key_length (else dim / n_heads) */
+    int ffn;          /* qwen3.feed_forward_length */
+    int vocab;        /* rows of token_embd.weight */
+    int ctx_train;    /* qwen3.context_length */
     float rope_theta; /* qwen3.rope.freq_base */
     float rms_eps;    /* qwen3.attention.layer_norm_rms_epsilon */
     int tied;         /* 1 when output.weight is absent and the token table is the lm_head */
 } qwen3_hparams;
 
 typedef struct {
-    fm_matrix wq;       /* [n_heads*head_dim][dim] */
-    fm_matrix wk, wv;   /* [n_kv_heads*head_dim][dim] */
-    fm_matrix wo;       /* [dim][n_heads*head_dim] */
+    fm_matrix wq;           /* [n_heads*head_dim][dim] */
+    fm_matrix wk, wv;       /* [n_kv_heads*head_dim][dim] */
+    fm_matrix wo;           /* [dim][n_heads*head_dim] */
     fm_matrix w_gate, w_up; /* [ffn][dim] */
-    fm_matrix w_down;   /* [dim][ffn] */
-    float *attn_norm;   /* [dim]      (f32 copies of the norm weights) */
-    float *q_norm;      /* [head_dim] */
-    float *k_norm;      /* [head_dim] */
-    float *ffn_norm;    /* [dim] */
+    fm_matrix w_down;       /* [dim][ffn] */
+    float *attn_norm;       /* [dim]      (f32 copies of the norm weights) */
+    float *q_norm;          /* [head_dim] */
+    float *k_norm;          /* [head_dim] */
+    float *ffn_norm;        /* [dim] */
 } qwen3_layer;
 
 typedef struct {
@@ -56,8 +56,8 @@ uint64_t qwen3_model_weight_bytes(const qwen3_model *m);
 typedef struct qwen3_state qwen3_state;
 
 typedef struct {
-    int n_ctx;                /* KV cache positions */
-    int max_batch;            /* largest T one forward may take (prefill chunk size) */
+    int n_ctx;                 /* KV cache positions */
+    int max_batch;             /* largest T one forward may take (prefill chunk size) */
     const int *capture_layers; /* 0-based decoder layers whose output (before the final norm) is captured */
     int n_capture;
 } qwen3_state_params;
@@ -65,16 +65,16 @@ typedef struct {
 int qwen3_state_create(const qwen3_model *m, const qwen3_state_params *p, qwen3_state **out, char *err,
                        size_t errlen);
 void qwen3_state_free(qwen3_state *s);
-int qwen3_state_pos(const qwen3_state *s);  /* tokens held in the KV cache */
+int qwen3_state_pos(const qwen3_state *s); /* tokens held in the KV cache */
 int qwen3_state_n_ctx(const qwen3_state *s);
 /* Drops every position >= pos (pos <= current position). */
 void qwen3_state_rewind(qwen3_state *s, int pos);
 
 typedef enum {
-    QWEN3_OUT_NONE = 0,      /* fill the KV cache (and features) only */
-    QWEN3_OUT_LAST_LOGITS,   /* logits of the last row */
-    QWEN3_OUT_ALL_LOGITS,    /* logits of every row */
-    QWEN3_OUT_ALL_ARGMAX,    /* argmax of every row (ties to the lowest id) */
+    QWEN3_OUT_NONE = 0,    /* fill the KV cache (and features) only */
+    QWEN3_OUT_LAST_LOGITS, /* logits of the last row */
+    QWEN3_OUT_ALL_LOGITS,  /* logits of every row */
+    QWEN3_OUT_ALL_ARGMAX,  /* argmax of every row (ties to the lowest id) */
 } qwen3_out;
 
 /* Runs tokens[0..T) at positions pos .. pos+T-1 and advances the position by T. T <= max_batch, and the

@@ -20,18 +20,18 @@
 struct qwen3_state {
     int n_ctx, max_batch, pos;
     int n_capture, *capture_layer_slot; /* [n_layers]: capture slot of a layer, or -1 */
-    int kv_dim, feature_dim; /* feature_dim: the model's dim */
-    uint16_t *k_cache, *v_cache; /* [n_layers][n_ctx][kv_dim] f16 */
-    float *rope;                 /* [n_ctx][head_dim/2][2] (cos, sin) */
+    int kv_dim, feature_dim;            /* feature_dim: the model's dim */
+    uint16_t *k_cache, *v_cache;        /* [n_layers][n_ctx][kv_dim] f16 */
+    float *rope;                        /* [n_ctx][head_dim/2][2] (cos, sin) */
     /* activations for up to max_batch rows */
-    float *x;       /* [B][dim] residual stream */
-    float *h;       /* [B][dim] normed input */
-    float *q;       /* [B][n_heads*head_dim] */
-    float *k, *v;   /* [B][kv_dim] */
-    float *att;     /* [B][n_heads*head_dim] */
-    float *gate;    /* [B][ffn] */
-    float *up;      /* [B][ffn] */
-    float *scores;  /* [threads][n_ctx] attention scratch */
+    float *x;      /* [B][dim] residual stream */
+    float *h;      /* [B][dim] normed input */
+    float *q;      /* [B][n_heads*head_dim] */
+    float *k, *v;  /* [B][kv_dim] */
+    float *att;    /* [B][n_heads*head_dim] */
+    float *gate;   /* [B][ffn] */
+    float *up;     /* [B][ffn] */
+    float *scores; /* [threads][n_ctx] attention scratch */
     int scores_threads;
     float *features; /* [B][n_capture*dim] */
     float *logits;   /* [logits_rows][vocab], grown on demand */
@@ -39,7 +39,9 @@ struct qwen3_state {
     int32_t *argmax; /* [B] */
 };
 
-static void *alloc_f32(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+static void *alloc_f32(size_t n) {
+    return calloc(n ? n : 1, sizeof(float));
+}
 
 int qwen3_state_create(const qwen3_model *m, const qwen3_state_params *p, qwen3_state **out, char *err,
                        size_t errlen) {
@@ -76,8 +78,8 @@ int qwen3_state_create(const qwen3_model *m, const qwen3_state_params *p, qwen3_
     s->up = alloc_f32((size_t)B * hp->ffn);
     s->features = alloc_f32((size_t)B * (size_t)(p->n_capture ? p->n_capture : 1) * hp->dim);
     s->argmax = calloc((size_t)B, sizeof(int32_t));
-    if (!s->capture_layer_slot || !s->k_cache || !s->v_cache || !s->rope || !s->x || !s->h || !s->q || !s->k ||
-        !s->v || !s->att || !s->gate || !s->up || !s->features || !s->argmax) {
+    if (!s->capture_layer_slot || !s->k_cache || !s->v_cache || !s->rope || !s->x || !s->h || !s->q ||
+        !s->k || !s->v || !s->att || !s->gate || !s->up || !s->features || !s->argmax) {
         qwen3_state_free(s);
         return fm_set_error(err, errlen, "out of memory for a %d-position KV cache (%.1f GiB); lower --ctx",
                             p->n_ctx, 2.0 * (double)kv_elems * 2 / (1 << 30));
@@ -117,18 +119,31 @@ void qwen3_state_free(qwen3_state *s) {
     free(s);
 }
 
-int qwen3_state_pos(const qwen3_state *s) { return s->pos; }
-int qwen3_state_n_ctx(const qwen3_state *s) { return s->n_ctx; }
+int qwen3_state_pos(const qwen3_state *s) {
+    return s->pos;
+}
+int qwen3_state_n_ctx(const qwen3_state *s) {
+    return s->n_ctx;
+}
 void qwen3_state_rewind(qwen3_state *s, int pos) {
     if (pos >= 0 && pos < s->pos) s->pos = pos;
 }
-const float *qwen3_state_logits(const qwen3_state *s) { return s->logits; }
-const int32_t *qwen3_state_argmax(const qwen3_state *s) { return s->argmax; }
-const float *qwen3_state_features(const qwen3_state *s) { return s->features; }
-int qwen3_state_feature_width(const qwen3_state *s) { return s->n_capture * s->feature_dim; }
+const float *qwen3_state_logits(const qwen3_state *s) {
+    return s->logits;
+}
+const int32_t *qwen3_state_argmax(const qwen3_state *s) {
+    return s->argmax;
+}
+const float *qwen3_state_features(const qwen3_state *s) {
+    return s->features;
+}
+int qwen3_state_feature_width(const qwen3_state *s) {
+    return s->n_capture * s->feature_dim;
+}
 
 /* Per-head RMSNorm then NEOX rotation of the pairs (i, i + hd/2), for n_heads heads of one row at `pos`. */
-static void head_norm_rope(float *row, int n_heads, int hd, const float *w, float eps, const float *rope_row) {
+static void head_norm_rope(float *row, int n_heads, int hd, const float *w, float eps,
+                           const float *rope_row) {
     const int half = hd / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = row + (int64_t)h * hd;
@@ -145,11 +160,13 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
                             int T) {
     const qwen3_hparams *hp = &m->hp;
     const int dim = hp->dim, hd = hp->head_dim, q_dim = hp->n_heads * hd, kv_dim = s->kv_dim;
-    for (int t = 0; t < T; t++) fm_rmsnorm(s->h + (int64_t)t * dim, s->x + (int64_t)t * dim, L->attn_norm, dim, hp->rms_eps);
+    for (int t = 0; t < T; t++)
+        fm_rmsnorm(s->h + (int64_t)t * dim, s->x + (int64_t)t * dim, L->attn_norm, dim, hp->rms_eps);
     fm_matmul(pool, &L->wq, s->h, T, s->q, NULL);
     fm_matmul(pool, &L->wk, s->h, T, s->k, NULL);
     fm_matmul(pool, &L->wv, s->h, T, s->v, NULL);
-    uint16_t *kc = s->k_cache + (size_t)l * s->n_ctx * kv_dim, *vc = s->v_cache + (size_t)l * s->n_ctx * kv_dim;
+    uint16_t *kc = s->k_cache + (size_t)l * s->n_ctx * kv_dim,
+             *vc = s->v_cache + (size_t)l * s->n_ctx * kv_dim;
     for (int t = 0; t < T; t++) {
         const int pos = s->pos + t;
         const float *rope_row = s->rope + (size_t)pos * hd;
@@ -162,8 +179,16 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
         }
     }
     fm_attention_args a = {
-        .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd, .k_cache = kc, .v_cache = vc,
-        .pos0 = s->pos, .T = T, .q = s->q, .out = s->att, .scratch = s->scores,
+        .n_heads = hp->n_heads,
+        .n_kv_heads = hp->n_kv_heads,
+        .head_dim = hd,
+        .k_cache = kc,
+        .v_cache = vc,
+        .pos0 = s->pos,
+        .T = T,
+        .q = s->q,
+        .out = s->att,
+        .scratch = s->scores,
     };
     fm_attention_causal(pool, &a);
     fm_matmul(pool, &L->wo, s->att, T, s->h, NULL); /* h reused as the projection output */
@@ -173,7 +198,8 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
 static void layer_mlp(const qwen3_model *m, const qwen3_layer *L, qwen3_state *s, fm_pool *pool, int T) {
     const qwen3_hparams *hp = &m->hp;
     const int dim = hp->dim;
-    for (int t = 0; t < T; t++) fm_rmsnorm(s->h + (int64_t)t * dim, s->x + (int64_t)t * dim, L->ffn_norm, dim, hp->rms_eps);
+    for (int t = 0; t < T; t++)
+        fm_rmsnorm(s->h + (int64_t)t * dim, s->x + (int64_t)t * dim, L->ffn_norm, dim, hp->rms_eps);
     fm_matmul(pool, &L->w_gate, s->h, T, s->gate, NULL);
     fm_matmul(pool, &L->w_up, s->h, T, s->up, NULL);
     fm_silu_mul(s->gate, s->up, (int64_t)T * hp->ffn);
@@ -198,8 +224,8 @@ static int ensure_scratch(qwen3_state *s, fm_pool *pool, int rows, int vocab, ch
     return 0;
 }
 
-int qwen3_forward(const qwen3_model *m, qwen3_state *s, fm_pool *pool, const int32_t *tokens, int T, qwen3_out out,
-                  char *err, size_t errlen) {
+int qwen3_forward(const qwen3_model *m, qwen3_state *s, fm_pool *pool, const int32_t *tokens, int T,
+                  qwen3_out out, char *err, size_t errlen) {
     const qwen3_hparams *hp = &m->hp;
     const int dim = hp->dim;
     if (T < 1 || T > s->max_batch)
@@ -209,7 +235,8 @@ int qwen3_forward(const qwen3_model *m, qwen3_state *s, fm_pool *pool, const int
                             s->n_ctx);
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= hp->vocab)
-            return fm_set_error(err, errlen, "token id %d is out of range (vocabulary %d)", tokens[t], hp->vocab);
+            return fm_set_error(err, errlen, "token id %d is out of range (vocabulary %d)", tokens[t],
+                                hp->vocab);
     const int logit_rows = out == QWEN3_OUT_NONE ? 0 : out == QWEN3_OUT_LAST_LOGITS ? 1 : T;
     if (ensure_scratch(s, pool, logit_rows, hp->vocab, err, errlen)) return -1;
 
@@ -228,8 +255,10 @@ int qwen3_forward(const qwen3_model *m, qwen3_state *s, fm_pool *pool, const int
     if (out == QWEN3_OUT_NONE) return 0;
     const int first = out == QWEN3_OUT_LAST_LOGITS ? T - 1 : 0;
     for (int t = first; t < T; t++)
-        fm_rmsnorm(s->h + (int64_t)(t - first) * dim, s->x + (int64_t)t * dim, m->output_norm, dim, hp->rms_eps);
+        fm_rmsnorm(s->h + (int64_t)(t - first) * dim, s->x + (int64_t)t * dim, m->output_norm, dim,
+                   hp->rms_eps);
     fm_matmul(pool, &m->output, s->h, logit_rows, s->logits, NULL);
-    for (int r = 0; r < logit_rows; r++) s->argmax[r] = (int32_t)fm_argmax(s->logits + (int64_t)r * hp->vocab, hp->vocab);
+    for (int r = 0; r < logit_rows; r++)
+        s->argmax[r] = (int32_t)fm_argmax(s->logits + (int64_t)r * hp->vocab, hp->vocab);
     return 0;
 }

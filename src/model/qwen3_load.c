@@ -8,7 +8,8 @@
 #include "core/error.h"
 #include "model/qwen3.h"
 
-static int get_u32_key(const gguf_file *f, const char *key, int *out, int required, char *err, size_t errlen) {
+static int get_u32_key(const gguf_file *f, const char *key, int *out, int required, char *err,
+                       size_t errlen) {
     if (gguf_find_key(f, key) < 0 && !required) return 0;
     uint32_t v;
     if (gguf_get_u32(f, key, &v, err, errlen)) return -1;
@@ -19,16 +20,18 @@ static int get_u32_key(const gguf_file *f, const char *key, int *out, int requir
 }
 
 /* Finds a 2-D weight [rows][cols] (GGUF ne = {cols, rows}) and checks its shape and type. */
-static int bind_matrix(const gguf_file *f, const char *name, int64_t rows, int64_t cols, fm_matrix *m, char *err,
-                       size_t errlen) {
+static int bind_matrix(const gguf_file *f, const char *name, int64_t rows, int64_t cols, fm_matrix *m,
+                       char *err, size_t errlen) {
     const gguf_tensor *t = gguf_find_tensor(f, name);
     if (!t) return fm_set_error(err, errlen, "%s: tensor %s is missing", gguf_path(f), name);
     if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
-        return fm_set_error(err, errlen, "%s: tensor %s: expected shape [%lld, %lld], found [%lld, %lld] (%u dims)",
+        return fm_set_error(err, errlen,
+                            "%s: tensor %s: expected shape [%lld, %lld], found [%lld, %lld] (%u dims)",
                             gguf_path(f), name, (long long)cols, (long long)rows, (long long)t->ne[0],
                             t->n_dims > 1 ? (long long)t->ne[1] : 1LL, t->n_dims);
     if (!t->supported)
-        return fm_set_error(err, errlen, "%s: tensor %s: weight type %u is not supported (f32, f16, bf16, q8_0)",
+        return fm_set_error(err, errlen,
+                            "%s: tensor %s: weight type %u is not supported (f32, f16, bf16, q8_0)",
                             gguf_path(f), name, t->ggml_type);
     m->dtype = t->dtype;
     m->rows = rows;
@@ -38,14 +41,16 @@ static int bind_matrix(const gguf_file *f, const char *name, int64_t rows, int64
 }
 
 /* Copies a 1-D norm weight of length n to f32. */
-static int bind_vector(const gguf_file *f, const char *name, int64_t n, float **out, char *err, size_t errlen) {
+static int bind_vector(const gguf_file *f, const char *name, int64_t n, float **out, char *err,
+                       size_t errlen) {
     const gguf_tensor *t = gguf_find_tensor(f, name);
     if (!t) return fm_set_error(err, errlen, "%s: tensor %s is missing", gguf_path(f), name);
     if (t->n_dims != 1 || t->ne[0] != n)
-        return fm_set_error(err, errlen, "%s: tensor %s: expected shape [%lld], found [%lld] (%u dims)", gguf_path(f),
-                            name, (long long)n, (long long)t->ne[0], t->n_dims);
+        return fm_set_error(err, errlen, "%s: tensor %s: expected shape [%lld], found [%lld] (%u dims)",
+                            gguf_path(f), name, (long long)n, (long long)t->ne[0], t->n_dims);
     if (!t->supported || t->dtype == FM_DTYPE_Q8_0)
-        return fm_set_error(err, errlen, "%s: tensor %s: type %u is not supported for a norm (f32, f16, bf16)",
+        return fm_set_error(err, errlen,
+                            "%s: tensor %s: type %u is not supported for a norm (f32, f16, bf16)",
                             gguf_path(f), name, t->ggml_type);
     float *v = malloc((size_t)n * sizeof *v);
     if (!v) return fm_set_error(err, errlen, "out of memory");
@@ -80,8 +85,8 @@ static int read_hparams(const gguf_file *f, qwen3_hparams *hp, char *err, size_t
         return fm_set_error(err, errlen, "%s: qwen3.attention.value_length %d differs from key_length %d",
                             gguf_path(f), v_len, hp->head_dim);
     if (hp->n_heads % hp->n_kv_heads)
-        return fm_set_error(err, errlen, "%s: head_count %d is not a multiple of head_count_kv %d", gguf_path(f),
-                            hp->n_heads, hp->n_kv_heads);
+        return fm_set_error(err, errlen, "%s: head_count %d is not a multiple of head_count_kv %d",
+                            gguf_path(f), hp->n_heads, hp->n_kv_heads);
     if (hp->head_dim % 2)
         return fm_set_error(err, errlen, "%s: head dimension %d is odd (RoPE needs pairs)", gguf_path(f),
                             hp->head_dim);
@@ -99,7 +104,8 @@ static int read_hparams(const gguf_file *f, qwen3_hparams *hp, char *err, size_t
     const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
     if (!emb) return fm_set_error(err, errlen, "%s: tensor token_embd.weight is missing", gguf_path(f));
     if (emb->n_dims != 2 || emb->ne[1] < 1 || emb->ne[1] > (1 << 24))
-        return fm_set_error(err, errlen, "%s: tensor token_embd.weight: expected [%d, vocab]", gguf_path(f), hp->dim);
+        return fm_set_error(err, errlen, "%s: tensor token_embd.weight: expected [%d, vocab]", gguf_path(f),
+                            hp->dim);
     hp->vocab = (int)emb->ne[1];
     hp->tied = gguf_find_tensor(f, "output.weight") == NULL;
     return 0;
@@ -117,7 +123,8 @@ int qwen3_model_load(const char *path, qwen3_model **out, char *err, size_t errl
     m->gguf = f;
     qwen3_hparams *hp = &m->hp;
     if (read_hparams(f, hp, err, errlen)) goto fail;
-    const int64_t q_dim = (int64_t)hp->n_heads * hp->head_dim, kv_dim = (int64_t)hp->n_kv_heads * hp->head_dim;
+    const int64_t q_dim = (int64_t)hp->n_heads * hp->head_dim,
+                  kv_dim = (int64_t)hp->n_kv_heads * hp->head_dim;
     if (bind_matrix(f, "token_embd.weight", hp->vocab, hp->dim, &m->tok_embd, err, errlen)) goto fail;
     if (hp->tied)
         m->output = m->tok_embd;

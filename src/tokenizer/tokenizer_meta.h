@@ -30,7 +30,8 @@ int fm_tokenizer_write_gguf_metadata(gguf_writer *w, const char *tokenizer_json,
 /* Token count of the builtin vocabulary (256 bytes + learned merges + 5 Qwen special tokens): the smallest
  * vocab_size a synthetic model using it may have. Returns -1 only on allocation failure. */
 int fm_tokenizer_builtin_n_tokens(void);
-/* Tokens of a tokenizer.json (largest id + 1 over the vocabulary and the added tokens), for sizing a model. */
+/* Tokens of a tokenizer.json (largest id + 1 over the vocabulary and the added tokens), for sizing a model.
+ */
 int fm_tokenizer_json_n_tokens(const char *tokenizer_json, int *n, char *err, size_t errlen);
 
 #endif
