@@ -18,21 +18,10 @@
 #include <math.h>
 
 #include "cpu/matmul_kernels.h"
+#include "cpu/simd_avx.h"
 
-#define FM_INLINE static inline __attribute__((always_inline))
 /* The tile loops over rows (R) and tokens (TT) have compile-time trip counts after inlining; they must be
  * fully unrolled so that the accumulators live in registers (GCC -O2 does not do it by itself). */
-
-FM_INLINE float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-FM_INLINE void store_out(const fm_matrix *w, float *y, const float *bias, int64_t r, int t, float v) {
-    y[(int64_t)t * w->rows + r] = v + (bias ? bias[r] : 0.0f);
-}
 
 /* ---------------- float weights ---------------- */
 
@@ -46,17 +35,6 @@ FM_INLINE __m256 load8(fm_dtype dt, const void *row, int64_t k) {
     }
     default:
         return _mm256_loadu_ps((const float *)row + k);
-    }
-}
-
-FM_INLINE float load1(fm_dtype dt, const void *row, int64_t k) {
-    switch (dt) {
-    case FM_DTYPE_F16:
-        return fm_f16_to_f32(((const uint16_t *)row)[k]);
-    case FM_DTYPE_BF16:
-        return fm_bf16_to_f32(((const uint16_t *)row)[k]);
-    default:
-        return ((const float *)row)[k];
     }
 }
 
@@ -88,8 +66,8 @@ FM_INLINE void float_tile(fm_dtype dt, const fm_matrix *w, const fm_mm_act *a, f
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             float s = hsum256(acc[i][t]);
-            for (int64_t k = K8; k < K; k++) s += load1(dt, w0 + i * rb, k) * x0[t * K + k];
-            store_out(w, y, bias, r + i, t0 + t, s);
+            for (int64_t k = K8; k < K; k++) s += fm_mm_load1(dt, w0 + i * rb, k) * x0[t * K + k];
+            fm_mm_store(w, y, bias, r + i, t0 + t, s);
         }
 }
 
@@ -181,7 +159,7 @@ FM_INLINE void q8_row_tile(const fm_matrix *w, const fm_mm_act *a, float *y, con
                 _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)), ones);
             sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(pr), _mm256_set1_ps(_cvtsh_ss(wt->d) * dt[bt])));
         }
-        store_out(w, y, bias, r, t0 + t, sum);
+        fm_mm_store(w, y, bias, r, t0 + t, sum);
     }
 }
 

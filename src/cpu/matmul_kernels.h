@@ -63,4 +63,21 @@ void fm_mm_q8_0_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, co
 /* Splits x [n] into bf16 hi and lo parts (see fm_mm_act). */
 void fm_split_bf16_avx512(const float *x, uint16_t *hi, uint16_t *lo, int64_t n);
 
+/* y[t][r] = v + bias[r]: where every kernel writes one result. */
+static inline void fm_mm_store(const fm_matrix *w, float *y, const float *bias, int64_t r, int t, float v) {
+    y[(int64_t)t * w->rows + r] = v + (bias ? bias[r] : 0.0f);
+}
+
+/* Element k of a float-type row (F32, F16, BF16) as f32: the kernels' column tails. */
+static inline float fm_mm_load1(fm_dtype dt, const void *row, int64_t k) {
+    switch (dt) {
+    case FM_DTYPE_F16:
+        return fm_f16_to_f32(((const uint16_t *)row)[k]);
+    case FM_DTYPE_BF16:
+        return fm_bf16_to_f32(((const uint16_t *)row)[k]);
+    default:
+        return ((const float *)row)[k];
+    }
+}
+
 #endif
