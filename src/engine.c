@@ -46,6 +46,19 @@ static int choose_device(fm_engine *e, fm_device device, char *err, size_t errle
     return 0;
 }
 
+/* The CPU drafts on a Q8_0 copy unless told to keep the stored type; the CUDA backend uploads the stored
+ * BF16 matrices itself. */
+static int prepare_drafter_weights(fm_engine *e, fm_draft_weights w, char *err, size_t errlen) {
+    if (w == FM_DRAFT_WEIGHTS_STORED) return 0;
+    if (e->use_cuda) {
+        if (w == FM_DRAFT_WEIGHTS_Q8_0)
+            return fm_set_error(err, errlen,
+                                "--draft-weights q8_0: the CUDA backend runs the stored BF16 drafter");
+        return 0;
+    }
+    return fm_drafter_quantize_q8_0(e->drafter, e->pool, err, errlen);
+}
+
 int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t errlen) {
     *out = NULL;
     if (!p->model_path) return fm_set_error(err, errlen, "no target model given (-m MODEL.gguf)");
@@ -96,6 +109,7 @@ int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t
         }
     }
     if (choose_device(e, p->device, err, errlen)) goto fail;
+    if (e->drafter && prepare_drafter_weights(e, p->drafter_weights, err, errlen)) goto fail;
     fm_engine_load_tokenizer(e);
     *out = e;
     return 0;
@@ -133,6 +147,7 @@ void fm_engine_get_info(const fm_engine *e, fm_engine_info *info) {
         info->drafter_n_capture = e->n_capture;
         info->drafter_layers = fm_drafter_hp(e->drafter)->n_layers;
         info->drafter_dim = fm_drafter_hp(e->drafter)->dim;
+        info->drafter_weight_type = fm_dtype_name(fm_drafter_matrix_type(e->drafter));
     }
     info->device = e->use_cuda ? "cuda" : "cpu";
     info->isa = fm_isa_name(fm_cpu_isa());

@@ -75,7 +75,14 @@ static int synth_pair(const cJSON *fx, const char *dir) {
     return rc;
 }
 
-static void check_fixture(const char *fixture_path, fm_pool *pool) {
+/* Q8_0 drafts (quantize != 0) are no longer the reference's bit for bit: they must agree on most slots and
+ * keep the head outputs within a few percent (relative L2) of the reference's: each matmul adds about
+ * 0.5-1 % of rounding noise (int8 weights and activations), over ~20 matmuls in sequence (measured: up to
+ * 6 % on these tiny random models; a wrong block layout gives ~100 %). */
+enum { Q8_MIN_AGREE_PERCENT = 75 };
+static const double Q8_HEAD_REL_TOL = 0.10;
+
+static void check_fixture(const char *fixture_path, fm_pool *pool, int quantize) {
     char *text = fm_test_read_file(fixture_path, NULL);
     CHECK_MSG(text != NULL, "cannot read %s", fixture_path);
     if (!text) return;
@@ -97,8 +104,13 @@ static void check_fixture(const char *fixture_path, fm_pool *pool) {
     int rc = qwen3_model_load(tpath, &target, err, sizeof err);
     CHECK_MSG(rc == 0, "%s: %s", name, err);
     if (!rc) rc = fm_drafter_load(dir, target, NULL, 64, &d, err, sizeof err);
+    if (!rc && quantize) {
+        rc = fm_drafter_quantize_q8_0(d, pool, err, sizeof err);
+        CHECK(rc || fm_drafter_matrix_type(d) == FM_DTYPE_Q8_0);
+    }
     CHECK_MSG(rc == 0, "%s: %s", name, err);
     if (rc || !synth_ok) goto done;
+    int slots = 0, agree = 0;
 
     /* Shape and settings as the fixture (config.json) says. */
     int n_ids;
@@ -130,6 +142,9 @@ static void check_fixture(const char *fixture_path, fm_pool *pool) {
         int exact = 0, ties = 0;
         for (int k = 0; k < K; k++) {
             int want = cJSON_GetArrayItem(dr, k)->valueint;
+            slots++;
+            agree += out[k] == want;
+            if (quantize) continue;
             if (cJSON_IsTrue(cJSON_GetArrayItem(nt, k))) {
                 const cJSON *two = cJSON_GetArrayItem(t2, k);
                 ties++;
@@ -146,17 +161,28 @@ static void check_fixture(const char *fixture_path, fm_pool *pool) {
         }
         const float *head = fm_drafter_last_head(d);
         const cJSON *hj = cJSON_GetObjectItem(r, "head");
-        double tol = cJSON_GetObjectItem(r, "head_tol")->valuedouble, worst = 0;
+        double tol = cJSON_GetObjectItem(r, "head_tol")->valuedouble, worst = 0, d2 = 0, r2 = 0;
         CHECK(cJSON_GetArraySize(hj) == K * H);
         i = 0;
         for (const cJSON *e = hj->child; e && i < K * H; e = e->next, i++) {
             double diff = fabs(head[i] - e->valuedouble);
             if (diff > worst) worst = diff;
+            d2 += diff * diff;
+            r2 += e->valuedouble * e->valuedouble;
+        }
+        if (quantize) { /* relative L2 error of the whole block instead of the max difference */
+            worst = sqrt(d2 / (r2 > 0 ? r2 : 1));
+            tol = Q8_HEAD_REL_TOL;
         }
         CHECK_MSG(worst <= tol, "%s round %d: head outputs differ by up to %g (tolerance %g)", name, round,
                   worst, tol);
-        printf("%s round %d: %d slots exact, %d near-ties, head max |diff| %.3g (tol %.3g)\n", name, round,
-               exact, ties, worst, tol);
+        printf("%s%s round %d: %d slots exact, %d near-ties, head max |diff| %.3g (tol %.3g)\n", name,
+               quantize ? " q8_0" : "", round, exact, ties, worst, tol);
+    }
+    if (quantize) {
+        printf("%s q8_0: %d of %d drafts equal the reference's\n", name, agree, slots);
+        CHECK_MSG(agree * 100 >= Q8_MIN_AGREE_PERCENT * slots, "%s q8_0: only %d of %d drafts agree", name,
+                  agree, slots);
     }
     free(feats);
 done:
@@ -291,7 +317,8 @@ int main(void) {
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[1200];
         fmt(path, sizeof path, "%s/tests/fixtures/drafter/%s.json", getenv("FM_SOURCE_DIR"), names[i]);
-        check_fixture(path, pool);
+        check_fixture(path, pool, 0);
+        check_fixture(path, pool, 1);
     }
     test_errors(pool);
     fm_pool_free(pool);

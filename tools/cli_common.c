@@ -102,3 +102,14 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
     }
     return argv[++*i];
 }
+
+int cli_parse_draft_weights(const char *cmd, const char *opt, const char *s, int *out) {
+    static const char *names[] = {"auto", "q8_0", "stored"}; /* in fm_draft_weights order */
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, names[i])) {
+            *out = i;
+            return 0;
+        }
+    fprintf(stderr, "flashmap %s: %s expects auto, q8_0 or stored, got '%s'\n", cmd, opt, s);
+    return -1;
+}

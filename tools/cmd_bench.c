@@ -32,7 +32,7 @@ enum { N_SIM = sizeof SIM_MEANS / sizeof SIM_MEANS[0], N_COLS = 6, MAX_ROWS = 24
 
 typedef struct {
     const char *model, *drafter, *llama_bench, *out;
-    int threads, reps, long_reps, prompt, gen, prefill, verify, fallback, stream_mib;
+    int threads, reps, long_reps, prompt, gen, prefill, verify, fallback, stream_mib, draft_weights;
     long seed;
 } bench_opts;
 
@@ -71,6 +71,7 @@ static void usage(FILE *f) {
         "  --prefill N         prefill prompt length (default 512, as llama-bench's pp512)\n"
         "  --verify MODE       speculative verify width: adaptive (default, the engine's) or a fixed K\n"
         "  --no-fallback       speculative runs never fall back to plain steps\n"
+        "  --draft-weights W   auto/q8_0 (a Q8_0 copy of the drafter, the default) or stored (BF16)\n"
         "  --seed N            prompt ids and simulated-acceptance draws (default 1)\n"
         "  --stream-mib N      bandwidth probe buffer in MiB (default 1024; far above the caches)\n"
         "  --out FILE          append the table, the machine description and the command to FILE "
@@ -126,6 +127,9 @@ static int parse(int argc, char **argv, bench_opts *o) {
             INT_OPT(prefill, 1, 8192);
         } else if (!strcmp(a, "--stream-mib")) {
             INT_OPT(stream_mib, 1, 1 << 16);
+        } else if (!strcmp(a, "--draft-weights")) {
+            VALUE();
+            if (cli_parse_draft_weights(CMD, a, v, &o->draft_weights)) return -1;
         } else if (!strcmp(a, "--verify")) {
             VALUE();
             if (!strcmp(v, "adaptive"))
@@ -243,8 +247,8 @@ static void build_table(const bench_opts *o, const fm_engine_info *info, const b
         const double ms = bench_median(&r->draft);
         row(t, "draft (one drafter forward)", fmt(a, "%.*f ms", ms_digits(ms), ms), fmt(b, "%.2f", ms / step),
             "-", "-",
-            fmt(c, "%d slots; drafter dim %d, %d layers, %d captures", info->drafter_block, info->drafter_dim,
-                info->drafter_layers, info->drafter_n_capture));
+            fmt(c, "%d slots; drafter dim %d, %d layers, %d captures, %s weights", info->drafter_block,
+                info->drafter_dim, info->drafter_layers, info->drafter_n_capture, info->drafter_weight_type));
     } else {
         row(t, "draft (one drafter forward)", no_drafter, "-", "-", "-", "");
     }
@@ -373,8 +377,9 @@ static int write_report(const bench_opts *o, const fm_engine_info *info, const b
             info->isa, info->n_threads, info->n_layers, info->dim, info->n_heads, info->n_kv_heads,
             info->head_dim, info->ffn, info->vocab, info->weight_type);
     if (info->has_drafter)
-        fprintf(f, "- Drafter: dim %d, %d layers, block %d, %d captured target layers\n", info->drafter_dim,
-                info->drafter_layers, info->drafter_block, info->drafter_n_capture);
+        fprintf(f, "- Drafter: dim %d, %d layers, block %d, %d captured target layers, %s weights\n",
+                info->drafter_dim, info->drafter_layers, info->drafter_block, info->drafter_n_capture,
+                info->drafter_weight_type);
     if (o->llama_bench)
         fprintf(f, "- llama.cpp: `%s` (build %s)%s%s\n", o->llama_bench,
                 r->llama.build_commit[0] ? r->llama.build_commit : "unknown",
@@ -404,6 +409,7 @@ int cmd_bench(int argc, char **argv) {
     ep.drafter_path = o.drafter;
     ep.n_threads = o.threads;
     ep.device = FM_DEVICE_CPU;
+    ep.drafter_weights = (fm_draft_weights)o.draft_weights;
     const int need_ctx = o.prompt + o.gen + FM_MAX_BLOCK + 2;
     ep.n_ctx = need_ctx > 1024 ? need_ctx : 1024;
     fm_engine *e = NULL;

@@ -14,7 +14,8 @@
 
 typedef struct {
     const char *model, *drafter, *prompt, *prompt_file, *prompt_ids, *system;
-    int n_predict, threads, n_ctx, chat, think, spec, verify, fallback, json, trace, ignore_eos;
+    int n_predict, threads, n_ctx, draft_weights, chat, think, spec, verify, fallback, json, trace,
+        ignore_eos;
     double sim_mean;
     long seed;
     fm_device device;
@@ -25,7 +26,8 @@ static void usage(FILE *f) {
         f, "usage: flashmap generate [-m TARGET.gguf] [-d DRAFTER] (-p TEXT | -f FILE | --prompt-ids 1,2,3)\n"
            "                         [-n N] [-t THREADS] [--ctx N] [--chat [--system TEXT] [--no-think]]\n"
            "                         [--no-spec] [--verify adaptive|K] [--no-fallback] [--device cpu|cuda]\n"
-           "                         [--json] [--trace] [--ignore-eos] [--simulate MEAN [--seed N]]\n\n"
+           "                         [--draft-weights auto|q8_0|stored] [--json] [--trace] [--ignore-eos]\n"
+           "                         [--simulate MEAN [--seed N]]\n\n"
            "  -m PATH           target model (Qwen3 dense GGUF); default: the cached pinned Qwen3-4B "
            "(flashmap pull)\n"
            "  -d PATH           FlashMap drafter (.safetensors or a folder with model.safetensors); enables\n"
@@ -42,6 +44,8 @@ static void usage(FILE *f) {
            "  --no-spec         plain decoding even with a drafter\n"
            "  --verify MODE     drafts verified per round: adaptive (7 or 16) or a fixed K\n"
            "  --no-fallback     never fall back to plain steps when drafting loses\n"
+           "  --draft-weights W the drafter's matrices on the CPU: auto/q8_0 = a Q8_0 copy made at load\n"
+           "                    (faster drafts), stored = as in the file (BF16); the output is the same\n"
            "  --json            print one JSON object (prompt_ids, tokens, text, stats) instead of text\n"
            "  --trace           with --json: every speculative round (pos, anchor, drafted, verified, "
            "accepted)\n"
@@ -118,6 +122,9 @@ static int parse(int argc, char **argv, gen_opts *o) {
                 fprintf(stderr, "flashmap %s: --device expects cpu, cuda or auto, got '%s'\n", CMD, v);
                 return -1;
             }
+        } else if (!strcmp(a, "--draft-weights")) {
+            VALUE();
+            if (cli_parse_draft_weights(CMD, a, v, &o->draft_weights)) return -1;
         } else if (!strcmp(a, "--simulate")) {
             VALUE();
             if (cli_parse_double(CMD, a, v, 0, 32, &o->sim_mean)) return -1;
@@ -318,6 +325,7 @@ int cmd_generate(int argc, char **argv) {
     ep.n_threads = o.threads;
     ep.n_ctx = o.n_ctx;
     ep.device = o.device;
+    ep.drafter_weights = (fm_draft_weights)o.draft_weights;
     fm_engine *e = NULL;
     if (fm_engine_load(&ep, &e, err, sizeof err)) {
         fprintf(stderr, "flashmap %s: %s\n", CMD, err);

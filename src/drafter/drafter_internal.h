@@ -31,6 +31,7 @@ typedef struct {
 struct fm_drafter {
     fm_drafter_hparams hp;
     st_file *st;
+    void *q8_data; /* the Q8_0 copy the matrices point into after fm_drafter_quantize_q8_0, else NULL */
     const qwen3_model *target;
     int max_ctx;
     int length; /* verified context rows */

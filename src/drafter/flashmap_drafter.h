@@ -70,6 +70,13 @@ int fm_drafter_extend_context(fm_drafter *d, fm_pool *pool, const float *feature
  * anchor's embedding is written into the context slot at pos (the next extend overwrites it). */
 int fm_drafter_draft(fm_drafter *d, fm_pool *pool, int32_t anchor, int pos, int32_t *out, char *err,
                      size_t errlen);
+/* Replaces the drafter's matrices by a Q8_0 copy (quantised as ggml quantises weights), so drafts run on the
+ * int8 kernels: faster on CPUs, slightly different drafts (never a different output: the target verifies).
+ * Idempotent; matrices already Q8_0, or whose width is not a multiple of 32, stay. pool may be NULL. */
+int fm_drafter_quantize_q8_0(fm_drafter *d, fm_pool *pool, char *err, size_t errlen);
+/* The type of the drafter's largest matrices (the MLP's), which drafts spend most of their time on. */
+fm_dtype fm_drafter_matrix_type(const fm_drafter *d);
+
 /* The last draft's head outputs [block][target_dim] (before the lm_head), for tests. */
 const float *fm_drafter_last_head(const fm_drafter *d);
 /* The last draft's logits [block][vocab]. */
