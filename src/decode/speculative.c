@@ -5,10 +5,12 @@
  * produced token but `next`. Every row the target keeps has its features committed to the drafter's context
  * (the backend decides when to do that work), so a draft at pos sees the target's features of 0 .. pos-1.
  *
- * Verify width: adaptive (7 drafts while the average acceptance is under 5, else the whole block) or fixed,
- * and never more than the tokens still wanted minus one, so a round can never overshoot max_new_tokens.
- * Fallback: when rounds yield fewer tokens per second than plain steps (average tokens per round x step time
- * under 0.85 x round time, over at least 4 rounds), decode plainly for 16 tokens, then probe again. */
+ * Verify width: fixed, or adaptive: the width with the most expected tokens per millisecond given the
+ * acceptance and verify costs measured so far (verify_width.h); before those are known, 7 drafts while the
+ * average acceptance is under 5, else the whole block. Never more than the tokens still wanted minus one, so
+ * a round can never overshoot max_new_tokens. Fallback: when rounds yield fewer tokens per second than plain
+ * steps (average tokens per round x step time under 0.85 x round time, over at least 4 rounds), decode
+ * plainly for 16 tokens, then probe again. */
 #include "decode/speculative.h"
 
 #include <math.h>
@@ -55,6 +57,7 @@ void fm_decode_averages_reset(fm_decode_averages *a) {
     a->ema_tokens = 5;
     a->round_ms = a->step_ms = a->verify_ms = NAN;
     a->n_rounds = 0;
+    fm_width_reset(&a->width);
 }
 
 /* Prefill in chunks; every chunk's features go to the drafter. Returns the argmax of the last row. */
@@ -138,7 +141,8 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
         }
         int K = 0;
         if (p->speculative && plain_left == 0) {
-            K = p->verify > 0 ? p->verify : avg->ema_accept >= ADAPTIVE_THRESHOLD ? block : ADAPTIVE_SMALL_K;
+            const int rule = avg->ema_accept >= ADAPTIVE_THRESHOLD ? block : ADAPTIVE_SMALL_K;
+            K = p->verify > 0 ? p->verify : fm_width_choose(&avg->width, block, rule);
             if (K > block) K = block;
             if (K > remaining - 1) K = remaining - 1;     /* a round yields at most K + 1 tokens */
             if (pos + K + 1 > n_ctx) K = n_ctx - pos - 1; /* the verify block must fit the cache */
@@ -151,6 +155,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
             if (b->eval(b->ctx, &in, 1, 0, &next, err, errlen)) goto done;
             const double ms = 1e3 * (now_s() - t0);
             avg->step_ms = isnan(avg->step_ms) ? ms : 0.7 * avg->step_ms + 0.3 * ms;
+            fm_width_observe_step(&avg->width, ms);
             if (b->commit_features(b->ctx, 1, pos, err, errlen)) goto done;
             plain_since_round = 1;
             st->plain_steps++;
@@ -212,6 +217,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
         const double round_ms = 1e3 * (t3 - t0), verify_ms = 1e3 * (t2 - t1);
         if (!catch_up) avg->round_ms = isnan(avg->round_ms) ? round_ms : 0.6 * avg->round_ms + 0.4 * round_ms;
         avg->verify_ms = isnan(avg->verify_ms) ? verify_ms : 0.6 * avg->verify_ms + 0.4 * verify_ms;
+        fm_width_observe_round(&avg->width, K, acc, catch_up ? -1 : 1e3 * ((t1 - t0) + (t3 - t2)), verify_ms);
         avg->n_rounds++;
         next = fresh[n_fresh - 1];
         if (out_push(&o, fresh, n_fresh)) goto oom;

@@ -11,12 +11,14 @@
 
 #include "flashmap.h"
 #include "decode/decode_backend.h"
+#include "decode/verify_width.h"
 
 /* The loop's state kept across the calls of one session: the running averages of the adaptive verify width
  * and of the fallback rule (ms; NaN until measured). */
 typedef struct {
     double ema_accept, ema_tokens, round_ms, step_ms, verify_ms;
     int n_rounds;
+    fm_width_model width;
 } fm_decode_averages;
 
 void fm_decode_averages_reset(fm_decode_averages *a);

@@ -1,0 +1,110 @@
+/* verify_width.c: see verify_width.h. */
+#include "decode/verify_width.h"
+
+#include <math.h>
+
+/* Counts decay per round (a window of ~10 rounds: acceptance drifts with the text); timings are running
+ * averages. PRIOR_RATE stands in for slot 1 before any round, PRIOR_WEIGHT is how many rounds a neighbour's
+ * estimate is worth. */
+static const double DECAY = 0.9, TIME_KEEP = 0.6, PRIOR_RATE = 0.7, PRIOR_WEIGHT = 1.0;
+
+void fm_width_reset(fm_width_model *m) {
+    for (int i = 0; i <= FM_MAX_BLOCK; i++) m->tested[i] = m->passed[i] = 0;
+    for (int t = 0; t <= FM_MAX_BLOCK + 1; t++) m->cost_ms[t] = NAN;
+    m->draft_ms = NAN;
+}
+
+static void running(double *avg, double x) {
+    *avg = isnan(*avg) ? x : TIME_KEEP * *avg + (1 - TIME_KEEP) * x;
+}
+
+void fm_width_observe_round(fm_width_model *m, int K, int accepted, double draft_ms, double verify_ms) {
+    if (K < 1 || K > FM_MAX_BLOCK) return;
+    for (int i = 1; i <= FM_MAX_BLOCK; i++) {
+        m->tested[i] *= DECAY;
+        m->passed[i] *= DECAY;
+    }
+    /* Slots 1..accepted passed; slot accepted+1 (if verified) failed; later slots were never compared. */
+    for (int i = 1; i <= K && i <= accepted + 1; i++) {
+        m->tested[i] += 1;
+        m->passed[i] += i <= accepted;
+    }
+    running(&m->cost_ms[K + 1], verify_ms);
+    if (draft_ms >= 0) running(&m->draft_ms, draft_ms);
+}
+
+void fm_width_observe_step(fm_width_model *m, double step_ms) {
+    running(&m->cost_ms[1], step_ms);
+}
+
+double fm_width_slot_rate(const fm_width_model *m, int i) {
+    double rate = PRIOR_RATE;
+    for (int j = 1; j <= i && j <= FM_MAX_BLOCK; j++)
+        rate = (m->passed[j] + PRIOR_WEIGHT * rate) / (m->tested[j] + PRIOR_WEIGHT);
+    return rate;
+}
+
+double fm_width_expected_tokens(const fm_width_model *m, int K) {
+    double all = 1, tokens = 1, rate = PRIOR_RATE;
+    for (int i = 1; i <= K && i <= FM_MAX_BLOCK; i++) {
+        rate = (m->passed[i] + PRIOR_WEIGHT * rate) / (m->tested[i] + PRIOR_WEIGHT);
+        all *= rate;
+        tokens += all;
+    }
+    return tokens;
+}
+
+double fm_width_cost_ms(const fm_width_model *m, int T) {
+    /* The timed sizes nearest below and above T (two below or two above when T is outside them). */
+    int lo = -1, lo2 = -1, hi = -1, hi2 = -1;
+    for (int t = T; t >= 1 && lo2 < 0; t--)
+        if (!isnan(m->cost_ms[t])) {
+            if (lo < 0)
+                lo = t;
+            else
+                lo2 = t;
+        }
+    for (int t = T + 1; t <= FM_MAX_BLOCK + 1 && hi2 < 0; t++)
+        if (!isnan(m->cost_ms[t])) {
+            if (hi < 0)
+                hi = t;
+            else
+                hi2 = t;
+        }
+    int a, b;
+    if (lo >= 0 && hi >= 0)
+        a = lo, b = hi;
+    else if (lo >= 0 && lo2 >= 0)
+        a = lo2, b = lo;
+    else if (hi >= 0 && hi2 >= 0)
+        a = hi, b = hi2;
+    else
+        return NAN;
+    if (a == T) return m->cost_ms[T];
+    /* Never let a noisy pair make a larger block look cheaper than a smaller one. */
+    double slope = (m->cost_ms[b] - m->cost_ms[a]) / (b - a);
+    if (slope < 0) slope = 0;
+    const double c = m->cost_ms[a] + slope * (T - a);
+    return c > 0 ? c : m->cost_ms[a];
+}
+
+int fm_width_choose(const fm_width_model *m, int k_max, int otherwise) {
+    if (k_max < 1) return otherwise;
+    int timed = 0, only = 0;
+    for (int t = 1; t <= FM_MAX_BLOCK + 1; t++)
+        if (!isnan(m->cost_ms[t])) timed++, only = t;
+    /* Explore: the caller's width first, then half of it, so that there are two sizes to draw a line through.
+     */
+    if (timed == 1 && only == otherwise + 1) return otherwise / 2 > 0 ? otherwise / 2 : 1;
+    if (timed < 2 || isnan(m->draft_ms)) return otherwise;
+    int best = 1;
+    double best_rate = -1;
+    for (int K = 1; K <= k_max; K++) {
+        const double rate = fm_width_expected_tokens(m, K) / (m->draft_ms + fm_width_cost_ms(m, K + 1));
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = K;
+        }
+    }
+    return best;
+}

@@ -1,0 +1,101 @@
+/* test_verify_width.c: the adaptive verify width's estimates and choices (decode/verify_width.h), against
+ * values worked out by hand and against a brute-force optimum. */
+#include <math.h>
+
+#include "decode/verify_width.h"
+#include "test_util.h"
+
+/* Feeds n rounds that verified K drafts and accepted `acc`, each costing draft + verify ms. */
+static void rounds(fm_width_model *m, int n, int K, int acc, double draft, double verify) {
+    for (int i = 0; i < n; i++) fm_width_observe_round(m, K, acc, draft, verify);
+}
+
+static void test_estimates(void) {
+    fm_width_model m;
+    fm_width_reset(&m);
+    /* No data: every slot has the prior rate, tokens(K) = 1 + r + r^2 + ... */
+    const double r = fm_width_slot_rate(&m, 1);
+    CHECK(r > 0 && r < 1);
+    CHECK_NEAR(fm_width_expected_tokens(&m, 3), 1 + r + r * r + r * r * r, 1e-12);
+    CHECK(isnan(fm_width_cost_ms(&m, 8)));
+
+    /* Many rounds accepting all 7 of 7. Counts decay by 0.9 a round, so after 200 rounds each slot holds
+     * n = 10 observations and the estimate is (passed + rate of the slot before) / (n + 1): slot 1 is
+     * (10 + prior) / 11, each next slot closer to 1; slot 8 and later (never compared) keep slot 7's rate. */
+    rounds(&m, 200, 7, 7, 10, 50);
+    double want = r, tokens = 1, all = 1;
+    for (int i = 1; i <= 7; i++) {
+        want = (10 + want) / 11;
+        all *= want;
+        tokens += all;
+        CHECK_NEAR(fm_width_slot_rate(&m, i), want, 1e-6);
+    }
+    CHECK(fm_width_slot_rate(&m, 12) == fm_width_slot_rate(&m, 7));
+    CHECK_NEAR(fm_width_expected_tokens(&m, 7), tokens, 1e-5);
+    CHECK(tokens > 7.7 && tokens < 8);
+
+    /* Rounds accepting exactly 2 of 7: slots 1-2 pass, slot 3 fails (10 observations, none passed), so
+     * tokens(K) barely grows past K = 2. */
+    fm_width_reset(&m);
+    rounds(&m, 200, 7, 2, 10, 50);
+    const double r1 = (10 + r) / 11, r2 = (10 + r1) / 11, r3 = r2 / 11;
+    CHECK_NEAR(fm_width_slot_rate(&m, 2), r2, 1e-6);
+    CHECK_NEAR(fm_width_slot_rate(&m, 3), r3, 1e-6);
+    CHECK_NEAR(fm_width_expected_tokens(&m, 1), 1 + r1, 1e-5);
+    CHECK_NEAR(fm_width_expected_tokens(&m, 2), 1 + r1 + r1 * r2, 1e-5);
+    CHECK(fm_width_expected_tokens(&m, 7) < 1 + r1 + r1 * r2 + 0.1);
+
+    /* Costs: timed at T = 8 (50 ms) and T = 17 (95 ms) -> 5 ms per row between and beyond them; a step. */
+    rounds(&m, 1, 16, 2, 10, 95);
+    CHECK_NEAR(fm_width_cost_ms(&m, 8), 50, 1e-9);
+    CHECK_NEAR(fm_width_cost_ms(&m, 12), 70, 1e-9);
+    CHECK_NEAR(fm_width_cost_ms(&m, 4), 30, 1e-9);
+    fm_width_observe_step(&m, 20);
+    CHECK_NEAR(fm_width_cost_ms(&m, 1), 20, 1e-9);
+    CHECK_NEAR(fm_width_cost_ms(&m, 4), 20 + 3 * 30.0 / 7, 1e-9);
+    /* A noisy pair where a larger block timed cheaper never extrapolates to cheaper still. */
+    fm_width_reset(&m);
+    fm_width_observe_round(&m, 7, 0, 10, 50);
+    fm_width_observe_round(&m, 3, 0, 10, 60);
+    CHECK(fm_width_cost_ms(&m, 12) >= 50);
+}
+
+/* The choice equals the brute-force argmax of tokens(K) / (draft + cost(K + 1)). */
+static void test_choice(void) {
+    fm_width_model m;
+    fm_width_reset(&m);
+    CHECK(fm_width_choose(&m, 16, 7) == 7);   /* nothing timed: the caller's rule */
+    fm_width_observe_round(&m, 7, 3, 10, 50); /* T = 8 timed ... */
+    CHECK(fm_width_choose(&m, 16, 7) == 3);   /* ... so explore a second size: half the width */
+    CHECK(fm_width_choose(&m, 16, 16) == 16); /* the rule's own size is still untimed */
+    fm_width_observe_round(&m, 3, 3, 10, 30); /* T = 4 timed */
+    int k = fm_width_choose(&m, 16, 7), best = 1;
+    double best_rate = 0;
+    for (int K = 1; K <= 16; K++) {
+        double rate = fm_width_expected_tokens(&m, K) / (m.draft_ms + fm_width_cost_ms(&m, K + 1));
+        if (rate > best_rate) best_rate = rate, best = K;
+    }
+    CHECK(k == best);
+
+    /* A GPU-like cost (verify nearly free) with high acceptance: the whole block. */
+    fm_width_reset(&m);
+    rounds(&m, 50, 16, 16, 4, 5.0);
+    rounds(&m, 1, 7, 7, 4, 4.5);
+    CHECK(fm_width_choose(&m, 16, 7) == 16);
+    /* A CPU-like cost (each row as dear as a step) with low acceptance: one draft. */
+    fm_width_reset(&m);
+    rounds(&m, 50, 7, 0, 100, 800);
+    rounds(&m, 1, 3, 0, 100, 400);
+    CHECK(fm_width_choose(&m, 16, 7) == 1);
+    /* k_max bounds the answer. */
+    fm_width_reset(&m);
+    rounds(&m, 50, 16, 16, 4, 5.0);
+    rounds(&m, 1, 7, 7, 4, 4.5);
+    CHECK(fm_width_choose(&m, 5, 7) == 5);
+}
+
+int main(void) {
+    test_estimates();
+    test_choice();
+    return fm_test_report("test_verify_width");
+}
