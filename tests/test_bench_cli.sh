@@ -28,6 +28,7 @@ for label in "plain step (T=1)" "verify(8) (T=8)" "verify(17) (T=17)" "draft (on
   check "row '$label' printed" grep -qF "$label" "$tmp/out.txt"
 done
 check "five identity checks say OK" test "$(grep -c 'SIMULATED.*output OK' "$tmp/out.txt")" -eq 5
+check "the draft row names the drafter's weight type" grep -qF "q8_0 weights" "$tmp/out.txt" 
 check "no MISMATCH" test "$(grep -c MISMATCH "$tmp/out.txt")" -eq 0
 check "--out has the machine" grep -q "^- Machine: .*avx2 \(yes\|no\)" "$tmp/report.md"
 check "--out has the command" grep -qF -- "- Command: \`flashmap bench -m $tmp/t.gguf" "$tmp/report.md"
@@ -76,6 +77,17 @@ check "--reps 0 exits 2" test $? -eq 2
 rc=$?
 check "missing model exits 1 (got $rc)" test "$rc" -eq 1
 check "missing model names the file" grep -qF "missing.gguf" "$tmp/err5.txt"
+
+"$cli" bench -m "$tmp/t.gguf" --draft-weights f8 >/dev/null 2>"$tmp/err6.txt"
+check "bad --draft-weights exits 2" test $? -eq 2
+check "bad --draft-weights is named" grep -qF "expects auto, q8_0 or stored, got 'f8'" "$tmp/err6.txt"
+"$cli" generate -m "$tmp/t.gguf" -d "$tmp/d" --draft-weights stored --prompt-ids 1,2,3 -n 8 --json \
+  >"$tmp/g1.json" 2>/dev/null
+"$cli" generate -m "$tmp/t.gguf" -d "$tmp/d" --draft-weights q8_0 --prompt-ids 1,2,3 -n 8 --json \
+  >"$tmp/g2.json" 2>/dev/null
+check "generate with stored and q8_0 drafter weights: same tokens" \
+  test "$(grep -o '"tokens":\[[^]]*\]' "$tmp/g1.json")" = "$(grep -o '"tokens":\[[^]]*\]' "$tmp/g2.json")"
+check "generate printed tokens" grep -q '"tokens":\[[0-9]' "$tmp/g1.json"
 
 if [ "$fail" = 0 ]; then echo "test_bench_cli: all checks passed"; fi
 exit "$fail"
