@@ -110,6 +110,8 @@ int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t
     }
     if (choose_device(e, p->device, err, errlen)) goto fail;
     if (e->drafter && prepare_drafter_weights(e, p->drafter_weights, err, errlen)) goto fail;
+    /* The CPU streams every weight per step: keep them in huge pages, never paged out between steps. */
+    if (!e->use_cuda && !p->keep_mmap) e->weights_resident = qwen3_model_make_resident(e->model, e->pool);
     fm_engine_load_tokenizer(e);
     *out = e;
     return 0;
@@ -151,6 +153,7 @@ void fm_engine_get_info(const fm_engine *e, fm_engine_info *info) {
     }
     info->device = e->use_cuda ? "cuda" : "cpu";
     info->isa = fm_isa_name(fm_cpu_isa());
+    info->huge_pages = e->weights_resident;
 }
 
 int fm_session_create(fm_engine *e, fm_session **out, char *err, size_t errlen) {

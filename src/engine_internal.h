@@ -19,7 +19,8 @@ struct fm_engine {
     fm_pool *pool;
     int n_ctx, prefill_chunk;
     int capture[FM_DRAFTER_MAX_CAPTURE], n_capture;
-    int use_cuda; /* sessions run on the GPU backend */
+    int use_cuda;         /* sessions run on the GPU backend */
+    int weights_resident; /* the target's weights were moved into huge pages (qwen3_model_make_resident) */
 };
 
 struct fm_session {

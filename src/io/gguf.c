@@ -584,6 +584,10 @@ gguf_file *gguf_open_memory(const void *data, size_t size, const char *name, cha
     return open_image(f, err, errlen);
 }
 
+int gguf_make_resident(gguf_file *f, fm_pool *pool) {
+    return fm_mmap_make_resident(&f->map, pool);
+}
+
 void gguf_close(gguf_file *f) {
     if (!f) return;
     for (int64_t i = 0; i < f->n_kv; i++) free(f->kv[i].str_offs);

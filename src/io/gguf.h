@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "core/dtype.h"
+#include "core/threadpool.h"
 
 typedef enum {
     GGUF_TYPE_UINT8 = 0,
@@ -53,6 +54,9 @@ gguf_file *gguf_open(const char *path, char *err, size_t errlen);
 /* Validates an in-memory image (fuzzing, tests); the buffer must outlive the returned handle. */
 gguf_file *gguf_open_memory(const void *data, size_t size, const char *name, char *err, size_t errlen);
 void gguf_close(gguf_file *f);
+/* Moves an opened file's image into anonymous huge pages at the same addresses (fm_mmap_make_resident);
+ * 1 when done, 0 when it stays mapped from the file (always for gguf_open_memory). */
+int gguf_make_resident(gguf_file *f, fm_pool *pool);
 
 const char *gguf_path(const gguf_file *f);
 uint32_t gguf_version(const gguf_file *f);

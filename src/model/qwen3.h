@@ -51,6 +51,8 @@ int qwen3_model_load(const char *path, qwen3_model **out, char *err, size_t errl
 void qwen3_model_free(qwen3_model *m);
 /* Bytes of weights one decode step reads (all matrices + the lm_head), for roofline figures. */
 uint64_t qwen3_model_weight_bytes(const qwen3_model *m);
+/* For CPU decoding: the weights move into anonymous huge pages (gguf_make_resident); 1 when done. */
+int qwen3_model_make_resident(qwen3_model *m, fm_pool *pool);
 
 /* Per-sequence state: KV cache, scratch for up to max_batch rows, captured features. */
 typedef struct qwen3_state qwen3_state;

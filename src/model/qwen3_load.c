@@ -190,3 +190,7 @@ uint64_t qwen3_model_weight_bytes(const qwen3_model *m) {
     }
     return b;
 }
+
+int qwen3_model_make_resident(qwen3_model *m, fm_pool *pool) {
+    return gguf_make_resident(m->gguf, pool);
+}
