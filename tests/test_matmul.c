@@ -1,7 +1,9 @@
 /* test_matmul.c: every weight type x every ISA level this CPU runs, against the scalar reference; the
  * scalar reference against an independent double-precision product; Q8_0 activation quantisation against a
  * plain reimplementation of ggml's quantize_row_q8_0_ref (bytes must match), edge cases included;
- * fm_matrix_row_f32 and fm_matrix_check.
+ * fm_matrix_row_f32 and fm_matrix_check; batch independence (every token's row of a T-token product equals,
+ * bit for bit, the single-token product, for every T in 1..40, at every ISA level, with and without the pool:
+ * speculative decoding is lossless only because of it); fm_matmul_multi against separate fm_matmul calls.
  *
  * Tolerances. All kernels accumulate in f32; they differ from the reference only in summation order (SIMD
  * lanes, tiles), and for Q8_0 the int8 products are exact in both, so the difference is bounded by
@@ -262,6 +264,92 @@ static void test_isa_levels(void) {
            f->avx512vnni, f->avx512bf16, f->avxvnni);
 }
 
+/* Rows of a T-token call must equal single-token calls bit for bit, wherever the token falls in the kernel's
+ * tiles and chunks. Shapes cover a partial last group of blocks (cols 1056 = 33 blocks), odd row counts
+ * (2-row tiles), several row chunks per worker and a prefetch that reaches the matrix end. */
+static void test_batch_independence(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
+    enum { TMAX = 40 };
+    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols)};
+    float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
+    float *y1 = malloc(sizeof(float) * (size_t)(TMAX * rows)),
+          *y = malloc(sizeof(float) * (size_t)(TMAX * rows));
+    float *bias = malloc(sizeof(float) * (size_t)rows);
+    for (int64_t i = 0; i < TMAX * cols; i++) x[i] = rng_uniform() * 3.0f;
+    for (int64_t r = 0; r < rows; r++) bias[r] = rng_uniform();
+    const fm_isa best = fm_cpu_isa_best();
+    for (int lvl = FM_ISA_SCALAR; lvl <= (int)best; lvl++) {
+        CHECK(fm_cpu_set_isa((fm_isa)lvl) == 0);
+        for (int t = 0; t < TMAX; t++) fm_matmul(NULL, &w, x + t * cols, 1, y1 + t * rows, bias);
+        for (int T = 2; T <= TMAX; T++) {
+            const int use_pool = T % 2;
+            for (int64_t i = 0; i < T * rows; i++) y[i] = NAN;
+            fm_matmul(use_pool ? pool : NULL, &w, x, T, y, bias);
+            int bad = 0, first = -1;
+            for (int64_t i = 0; i < T * rows; i++)
+                if (memcmp(&y[i], &y1[i], sizeof(float)) != 0) {
+                    bad++;
+                    if (first < 0) first = (int)i;
+                }
+            CHECK_MSG(bad == 0,
+                      "%s %s %lldx%lld T=%d pool=%d: %d outputs differ from the single-token product "
+                      "(first: token %d row %d: %.9g vs %.9g)",
+                      fm_dtype_name(dt), fm_isa_name((fm_isa)lvl), (long long)rows, (long long)cols, T,
+                      use_pool, bad, first < 0 ? 0 : first / (int)rows, first < 0 ? 0 : first % (int)rows,
+                      first < 0 ? 0.0 : y[first], first < 0 ? 0.0 : y1[first]);
+        }
+    }
+    fm_cpu_set_isa(best);
+    free((void *)w.data);
+    free(x);
+    free(y1);
+    free(y);
+    free(bias);
+}
+
+/* fm_matmul_multi gives what separate fm_matmul calls give, bit for bit; mixed dtypes fall back to them. */
+static void test_multi(fm_pool *pool) {
+    const int64_t cols = 288, rows[3] = {37, 8, 70};
+    const fm_dtype types[2][3] = {{FM_DTYPE_Q8_0, FM_DTYPE_Q8_0, FM_DTYPE_Q8_0},
+                                  {FM_DTYPE_Q8_0, FM_DTYPE_F16, FM_DTYPE_BF16}};
+    const int Ts[] = {1, 5, 17, 33};
+    float *x = malloc(sizeof(float) * 33 * cols);
+    for (int64_t i = 0; i < 33 * cols; i++) x[i] = rng_uniform();
+    const fm_isa best = fm_cpu_isa_best();
+    for (int mix = 0; mix < 2; mix++) {
+        fm_matrix w[3];
+        const fm_matrix *wp[3];
+        float *ya[3], *yb[3];
+        for (int i = 0; i < 3; i++) {
+            w[i] = (fm_matrix){types[mix][i], rows[i], cols, make_weights(types[mix][i], rows[i], cols)};
+            wp[i] = &w[i];
+            ya[i] = malloc(sizeof(float) * 33 * (size_t)rows[i]);
+            yb[i] = malloc(sizeof(float) * 33 * (size_t)rows[i]);
+        }
+        for (int lvl = FM_ISA_SCALAR; lvl <= (int)best; lvl++) {
+            fm_cpu_set_isa((fm_isa)lvl);
+            for (size_t k = 0; k < sizeof Ts / sizeof *Ts; k++) {
+                const int T = Ts[k];
+                for (int i = 0; i < 3; i++) {
+                    for (int64_t j = 0; j < T * rows[i]; j++) ya[i][j] = NAN;
+                    fm_matmul(pool, &w[i], x, T, yb[i], NULL);
+                }
+                fm_matmul_multi(pool, wp, 3, x, T, ya);
+                for (int i = 0; i < 3; i++)
+                    CHECK_MSG(memcmp(ya[i], yb[i], sizeof(float) * (size_t)(T * rows[i])) == 0,
+                              "multi mix=%d %s T=%d: matrix %d differs from fm_matmul", mix,
+                              fm_isa_name((fm_isa)lvl), T, i);
+            }
+        }
+        fm_cpu_set_isa(best);
+        for (int i = 0; i < 3; i++) {
+            free((void *)w[i].data);
+            free(ya[i]);
+            free(yb[i]);
+        }
+    }
+    free(x);
+}
+
 int main(void) {
     test_isa_levels();
     test_quantise();
@@ -276,6 +364,12 @@ int main(void) {
         test_type((fm_dtype)dt, 9, 100, pool);
         test_type((fm_dtype)dt, 6, 7, pool);
     }
+    static const int64_t bi_shapes[][2] = {{67, 1056}, {301, 2560}, {9, 64}};
+    for (size_t s = 0; s < sizeof bi_shapes / sizeof *bi_shapes; s++)
+        test_batch_independence(FM_DTYPE_Q8_0, bi_shapes[s][0], bi_shapes[s][1], pool);
+    for (int dt = FM_DTYPE_F32; dt <= FM_DTYPE_BF16; dt++)
+        test_batch_independence((fm_dtype)dt, 13, 100, pool);
+    test_multi(pool);
     fm_pool_free(pool);
     return fm_test_report("test_matmul");
 }

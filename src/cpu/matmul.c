@@ -1,11 +1,13 @@
 /* matmul.c: fm_matmul's dispatcher. Picks the kernels of the current ISA level (cpu_features, read at every
- * call so tests can switch levels), prepares the activations once per call (Q8_0 blocks for Q8_0 weights,
- * a bf16 hi/lo split for the AVX512-BF16 kernel), and splits the rows over the pool in contiguous ranges.
+ * call so tests can switch levels), prepares the activations once per call (Q8_0 blocks, interleaved for the
+ * SIMD kernels; a bf16 hi/lo split for the AVX512-BF16 kernel), and hands out row chunks of one or several
+ * matrices (fm_matmul_multi) to the pool's workers from one shared counter.
  *
  * Workspace: each thread that calls fm_matmul owns one buffer (a pthread key), grown when a call needs more
- * and never shrunk, so the hot path does not allocate. Pool workers never touch it: the caller prepares the
- * activations before the rows are handed out. Buffers are freed at thread exit (key destructor), at process
- * exit for the thread calling exit (atexit), or on demand (fm_matmul_scratch_release). */
+ * and never shrunk, so the hot path does not allocate. It holds the prepared activations (written by the
+ * caller before the rows are handed out, then read-only) and one private slot per worker (the SIMD Q8_0
+ * kernels pack weight rows there). Buffers are freed at thread exit (key destructor), at process exit for
+ * the thread calling exit (atexit), or on demand (fm_matmul_scratch_release). */
 #include "cpu/matmul.h"
 
 #include <pthread.h>
@@ -17,9 +19,10 @@
 #include "cpu/matmul_kernels.h"
 
 typedef struct {
-    fm_mm_kernel kern[FM_DTYPE_COUNT];
+    fm_mm_kernel kern[FM_DTYPE_COUNT]; /* Q8_0: the scalar kernel; SIMD levels use q8 instead */
     fm_mm_quant_fn quant;
-    int split_bf16; /* the BF16 kernel reads xbf_hi/xbf_lo */
+    const fm_mm_q8_family *q8; /* NULL: the scalar Q8_0 kernel on block-major activations */
+    int split_bf16;            /* the BF16 kernel reads xbf_hi/xbf_lo */
 } fm_mm_table;
 
 static const fm_mm_table k_scalar = {
@@ -36,8 +39,9 @@ static const fm_mm_table k_avx2 = {
     .kern = {[FM_DTYPE_F32] = fm_mm_f32_avx2,
              [FM_DTYPE_F16] = fm_mm_f16_avx2,
              [FM_DTYPE_BF16] = fm_mm_bf16_avx2,
-             [FM_DTYPE_Q8_0] = fm_mm_q8_0_avx2},
+             [FM_DTYPE_Q8_0] = fm_mm_q8_0_scalar},
     .quant = fm_quant_q8_0_avx2,
+    .q8 = &fm_q8_family_avx2,
 };
 #endif
 
@@ -52,7 +56,7 @@ static fm_mm_table current_table(void) {
         t.kern[FM_DTYPE_F16] = fm_mm_f16_avx512;
         t.kern[FM_DTYPE_BF16] = f->avx512bf16 ? fm_mm_bf16_dpbf16_avx512 : fm_mm_bf16_avx512;
         t.split_bf16 = f->avx512bf16;
-        if (f->avx512vnni) t.kern[FM_DTYPE_Q8_0] = fm_mm_q8_0_vnni_avx512; /* else the AVX2 int8 kernel */
+        if (f->avx512vnni) t.q8 = &fm_q8_family_vnni_avx512; /* else the AVX2 int8 kernel */
         return t;
     }
     if (isa == FM_ISA_AVX2) return k_avx2;
@@ -120,29 +124,44 @@ static size_t align64(size_t n) {
 
 /* ---- the call ---- */
 
+/* One matrix of a job: its rows go out in chunks numbered from `first`. */
 typedef struct {
-    fm_mm_kernel kern;
     const fm_matrix *w;
-    const fm_mm_act *act;
     float *y;
     const float *bias;
-    int64_t chunk, n_chunks;    /* rows per chunk; chunks in all */
+    int64_t chunk, first; /* rows per chunk; the job-wide index of this matrix's first chunk */
+} fm_mm_part;
+
+typedef struct {
+    fm_mm_kernel kern;
+    const fm_mm_act *act;
+    const fm_mm_part *parts;
+    int n_parts;
+    int64_t n_chunks;           /* over all parts */
+    char *tls;                  /* n_tls private slots of tls_stride bytes, or NULL */
+    size_t tls_stride;          /* bytes per slot */
+    int n_tls;                  /* slots: the pool size */
     _Atomic int64_t next_chunk; /* the next chunk to take */
 } fm_mm_job;
 
 /* Workers take chunks of rows from a shared counter until none are left, so a core that streams slower
  * (a shared VM, a busy sibling) gets fewer chunks instead of making the other wait at the end of every
- * product. A row's result does not depend on which worker computes it. */
+ * product. A row's result does not depend on which worker computes it, nor on the chunk it falls in. */
 static void mm_task(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)begin;
     (void)end;
-    (void)thread;
     fm_mm_job *j = ctx;
+    /* A serial run (nested call, busy pool) may carry any worker index; it is alone on this job's slots. */
+    void *tls = j->tls ? j->tls + (size_t)(thread < j->n_tls ? thread : 0) * j->tls_stride : NULL;
+    int p = 0;
     for (;;) {
         const int64_t c = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
         if (c >= j->n_chunks) break;
-        const int64_t r0 = c * j->chunk, r1 = r0 + j->chunk < j->w->rows ? r0 + j->chunk : j->w->rows;
-        j->kern(j->w, j->act, j->y, j->bias, r0, r1);
+        while (p + 1 < j->n_parts && c >= j->parts[p + 1].first) p++; /* c only grows */
+        const fm_mm_part *pt = &j->parts[p];
+        const int64_t rows = pt->w->rows, r0 = (c - pt->first) * pt->chunk;
+        const int64_t r1 = r0 + pt->chunk < rows ? r0 + pt->chunk : rows;
+        j->kern(pt->w, j->act, pt->y, pt->bias, r0, r1, tls);
     }
 }
 
@@ -166,62 +185,93 @@ static void matmul_q8_0_nomem(const fm_matrix *w, const float *x, int T, float *
     }
 }
 
-static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *w, const float *x, int T,
-                       float *y, const float *bias) {
-    if (T <= 0 || w->rows <= 0 || w->cols <= 0) return;
+enum { MM_MAX_PARTS = 16 };
+
+/* ys[i] = ws[i] x (+ biases[i]) for n matrices of one dtype and one cols, sharing x's preparation and one
+ * pool job. */
+static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *const *ws, int n,
+                       const float *x, int T, float *const *ys, const float *const *biases) {
+    if (T <= 0 || n <= 0) return;
+    const fm_dtype dt = ws[0]->dtype;
+    const int64_t cols = ws[0]->cols;
+    const int workers = fm_pool_size(pool);
     fm_mm_act act = {.T = T, .x = x};
-    fm_mm_kernel kern = tab->kern[w->dtype];
-    if (w->dtype == FM_DTYPE_Q8_0) {
-        const int64_t nb = w->cols / FM_QK8_0, nblk = (int64_t)T * nb;
-        size_t qbytes = align64((size_t)nblk * sizeof(fm_block_q8_0));
-        const size_t dbytes = align64((size_t)nblk * sizeof(float));
-        char *ws = scratch_get(qbytes + 2 * dbytes);
-        if (!ws) {
-            matmul_q8_0_nomem(w, x, T, y, bias);
+    fm_mm_kernel kern = tab->kern[dt];
+    char *tls = NULL;
+    size_t tls_stride = 0;
+    if (dt == FM_DTYPE_Q8_0 && tab->q8) {
+        const size_t abytes = align64(tab->q8->act_bytes(T, cols));
+        tls_stride = align64(tab->q8->tls_bytes(T, cols));
+        char *ws_buf = scratch_get(abytes + (size_t)workers * tls_stride);
+        if (!ws_buf) {
+            for (int i = 0; i < n; i++) matmul_q8_0_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
             return;
         }
-        fm_block_q8_0 *xq = (fm_block_q8_0 *)ws;         /* [nb][T] */
-        float *xd = (float *)(ws + qbytes);              /* [nb][T] */
-        float *xd_tok = (float *)(ws + qbytes + dbytes); /* [T][nb]: the same scales, token-major */
-        for (int t = 0; t < T; t++) tab->quant(x + (int64_t)t * w->cols, xq + t, xd + t, w->cols, T);
-        for (int64_t b = 0; b < nb; b++)
-            for (int t = 0; t < T; t++) xd_tok[(int64_t)t * nb + b] = xd[b * T + t];
+        tab->q8->act_prep(x, T, cols, ws_buf, &act);
+        tls = ws_buf + abytes;
+        kern = tab->q8->kern;
+    } else if (dt == FM_DTYPE_Q8_0) {
+        const int64_t nb = cols / FM_QK8_0;
+        fm_block_q8_0 *xq = scratch_get((size_t)T * (size_t)nb * sizeof(fm_block_q8_0)); /* [nb][T] */
+        if (!xq) {
+            for (int i = 0; i < n; i++) matmul_q8_0_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
+            return;
+        }
+        for (int t = 0; t < T; t++) tab->quant(x + (int64_t)t * cols, xq + t, NULL, cols, T);
         act.xq = xq;
-        act.xd = xd;
-        act.xd_tok = xd_tok;
-    } else if (w->dtype == FM_DTYPE_BF16 && tab->split_bf16) {
-        size_t n = (size_t)T * (size_t)w->cols, half = align64(n * sizeof(uint16_t));
-        uint16_t *ws = scratch_get(2 * half);
-        if (!ws) {
+    } else if (dt == FM_DTYPE_BF16 && tab->split_bf16) {
+        size_t m = (size_t)T * (size_t)cols, half = align64(m * sizeof(uint16_t));
+        uint16_t *buf = scratch_get(2 * half);
+        if (!buf) {
             kern = k_scalar.kern[FM_DTYPE_BF16];
         } else {
-            act.xbf_hi = ws;                              /* [T][cols] */
-            act.xbf_lo = (uint16_t *)((char *)ws + half); /* [T][cols] */
+            act.xbf_hi = buf;                              /* [T][cols] */
+            act.xbf_lo = (uint16_t *)((char *)buf + half); /* [T][cols] */
 #ifdef FM_HAVE_X86_KERNELS
-            fm_split_bf16_avx512(x, ws, (uint16_t *)act.xbf_lo, (int64_t)n);
+            fm_split_bf16_avx512(x, buf, (uint16_t *)act.xbf_lo, (int64_t)m);
 #endif
         }
     }
-    /* Threads pay off above ~32k multiply-adds per range (a wake-up costs a few microseconds). */
-    int64_t work_per_row = w->cols * (int64_t)T;
-    int64_t grain = 32768 / work_per_row + 1;
-    if (grain < 4) grain = 4;
-    /* About 8 chunks per worker: enough to even out the workers, few enough that taking one is free. */
-    const int workers = fm_pool_size(pool);
-    int64_t chunk = w->rows / (8 * (int64_t)workers);
-    if (chunk < grain) chunk = grain;
-    fm_mm_job job = {kern, w, &act, y, bias, chunk, (w->rows + chunk - 1) / chunk, 0};
-    const int64_t takers = job.n_chunks < workers ? job.n_chunks : workers;
+    fm_mm_part parts[MM_MAX_PARTS];
+    int64_t n_chunks = 0;
+    for (int i = 0; i < n; i++) {
+        const fm_matrix *w = ws[i];
+        /* Threads pay off above ~32k multiply-adds per range (a wake-up costs a few microseconds). */
+        int64_t grain = 32768 / (w->cols * (int64_t)T) + 1;
+        if (grain < 4) grain = 4;
+        /* About 8 chunks per worker: enough to even out the workers, few enough that taking one is free. */
+        int64_t chunk = w->rows / (8 * (int64_t)workers);
+        if (chunk < grain) chunk = grain;
+        parts[i] = (fm_mm_part){w, ys[i], biases ? biases[i] : NULL, chunk, n_chunks};
+        n_chunks += (w->rows + chunk - 1) / chunk;
+    }
+    fm_mm_job job = {kern, &act, parts, n, n_chunks, tls, tls_stride, workers, 0};
+    const int64_t takers = n_chunks < workers ? n_chunks : workers;
     fm_pool_for(pool, takers, 1, mm_task, &job);
 }
 
 void fm_matmul(fm_pool *pool, const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
     fm_mm_table tab = current_table();
-    matmul_run(pool, &tab, w, x, T, y, bias);
+    if (w->rows <= 0 || w->cols <= 0) return;
+    matmul_run(pool, &tab, &w, 1, x, T, &y, bias ? &bias : NULL);
+}
+
+void fm_matmul_multi(fm_pool *pool, const fm_matrix *const *ws, int n, const float *x, int T,
+                     float *const *ys) {
+    fm_mm_table tab = current_table();
+    int same = n <= MM_MAX_PARTS;
+    for (int i = 0; i < n && same; i++)
+        same = ws[i]->dtype == ws[0]->dtype && ws[i]->cols == ws[0]->cols && ws[i]->rows > 0;
+    if (!same) {
+        for (int i = 0; i < n; i++) fm_matmul(pool, ws[i], x, T, ys[i], NULL);
+        return;
+    }
+    matmul_run(pool, &tab, ws, n, x, T, ys, NULL);
 }
 
 void fm_matmul_reference(const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
-    matmul_run(NULL, &k_scalar, w, x, T, y, bias);
+    if (w->rows <= 0 || w->cols <= 0) return;
+    matmul_run(NULL, &k_scalar, &w, 1, x, T, &y, bias ? &bias : NULL);
 }
 
 void fm_quantize_row_q8_0(const float *x, fm_block_q8_0 *y, int64_t n) {

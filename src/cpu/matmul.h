@@ -27,6 +27,13 @@ int fm_matrix_check(const fm_matrix *w, char *err, size_t errlen);
  * x and y must not overlap. */
 void fm_matmul(fm_pool *pool, const fm_matrix *w, const float *x, int T, float *y, const float *bias);
 
+/* ys[i] = ws[i] x for i < n: the results of n fm_matmul calls (bit for bit), in one pool job, with x
+ * prepared once (Q8_0 quantisation) and the workers taking row chunks of all matrices from one counter
+ * (q/k/v, gate/up). The matrices must share cols (x's row length); of different dtypes, or more than 16,
+ * they run as separate fm_matmul calls. No biases. */
+void fm_matmul_multi(fm_pool *pool, const fm_matrix *const *ws, int n, const float *x, int T,
+                     float *const *ys);
+
 /* out[k] = W[row][k] as f32 (token-table lookups, uniform_embeds). */
 void fm_matrix_row_f32(const fm_matrix *w, int64_t row, float *out);
 

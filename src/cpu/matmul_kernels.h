@@ -11,55 +11,77 @@
 
 #include "cpu/matmul.h"
 
+/* The SIMD Q8_0 kernels use an interleaved layout: a row's blocks go in groups of G (8 for AVX2, 16 for
+ * AVX-512); a group is 8 vectors of 4 G bytes, and vector j holds bytes [4j, 4j + 4) of block g * G + l in
+ * its 32-bit lane l. Integer dot products of a weight group with an activation group then leave the G block
+ * sums in the G lanes, ready for one f32 multiply-add by the G block scales: no horizontal reductions. The
+ * last group of a row is padded with zero blocks of scale 0. */
+enum { FM_Q8_VECS = 8 }; /* vectors per group: 32 bytes of a block in 4-byte lanes */
+
 typedef struct {
     int T;
-    const float *x;          /* [T][cols] f32 activations */
-    const fm_block_q8_0 *xq; /* [cols / 32][T] Q8_0 activations, block-major (Q8_0 weights only) */
-    const float *xd;         /* [cols / 32][T] f32 value of each xq block's f16 scale (block-major) */
-    const float *xd_tok;    /* [T][cols / 32] the same scales token-major: 4 consecutive blocks in one load */
-    const uint16_t *xbf_hi; /* [T][cols] bf16(x) (AVX512-BF16 kernel only) */
+    const float *x; /* [T][cols] f32 activations */
+    /* Q8_0 weights, scalar kernel: */
+    const fm_block_q8_0 *xq; /* [cols / 32][T] Q8_0 activations, block-major */
+    /* Q8_0 weights, SIMD kernels (interleaved layout above): */
+    int64_t ng;        /* groups per row: ceil(cols / 32 / G) */
+    const int8_t *xr;  /* [T][ng][8][4 G] interleaved activations */
+    const float *xs;   /* [T][ng][G] f32 value of each block's f16 scale; 0 in the padding */
+    const int32_t *xc; /* [T][ng][G] 128 * (sum of the block's int8 values): the VNNI kernel's correction */
+    /* BF16 weights with AVX512-BF16: */
+    const uint16_t *xbf_hi; /* [T][cols] bf16(x) */
     const uint16_t *xbf_lo; /* [T][cols] bf16(x - f32(xbf_hi)): hi + lo carries ~16 mantissa bits */
 } fm_mm_act;
 
+/* Computes rows [r0, r1) of y for all T tokens. `tls` is the calling worker's private scratch of the size
+ * the kernel family asked for (fm_mm_q8_family.tls_bytes), or NULL for kernels that need none. */
 typedef void (*fm_mm_kernel)(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                             int64_t r1);
+                             int64_t r1, void *tls);
 /* Quantises n values (a multiple of 32) to Q8_0 blocks y[i * stride] and, when d is not NULL, each block's
  * scale as f32 to d[i * stride]. */
 typedef void (*fm_mm_quant_fn)(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
 
+/* What the dispatcher needs to run a SIMD Q8_0 kernel: the group size, the activation preparation (into a
+ * workspace of act_bytes(T, cols), filling a->ng, xr, xs and xc), and each worker's scratch size. */
+typedef struct {
+    int group;
+    size_t (*act_bytes)(int T, int64_t cols);
+    void (*act_prep)(const float *x, int T, int64_t cols, void *ws, fm_mm_act *a);
+    size_t (*tls_bytes)(int T, int64_t cols);
+    fm_mm_kernel kern;
+} fm_mm_q8_family;
+
 void fm_mm_f32_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                      int64_t r1);
+                      int64_t r1, void *tls);
 void fm_mm_f16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                      int64_t r1);
+                      int64_t r1, void *tls);
 void fm_mm_bf16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1);
+                       int64_t r1, void *tls);
 void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1);
+                       int64_t r1, void *tls);
 void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
 
 /* Compiled with AVX2+FMA+F16C; call only when fm_cpu_isa() >= FM_ISA_AVX2. */
 void fm_mm_f32_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                    int64_t r1);
+                    int64_t r1, void *tls);
 void fm_mm_f16_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                    int64_t r1);
+                    int64_t r1, void *tls);
 void fm_mm_bf16_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                     int64_t r1);
-void fm_mm_q8_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                     int64_t r1);
+                     int64_t r1, void *tls);
+extern const fm_mm_q8_family fm_q8_family_avx2;
 void fm_quant_q8_0_avx2(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
 
 /* Compiled with AVX-512 F/BW/VL/DQ (+VNNI, +BF16); call only when fm_cpu_isa() == FM_ISA_AVX512, and the
  * _vnni / _dpbf16 ones only when the CPU reports avx512vnni / avx512bf16. */
 void fm_mm_f32_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                      int64_t r1);
+                      int64_t r1, void *tls);
 void fm_mm_f16_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                      int64_t r1);
+                      int64_t r1, void *tls);
 void fm_mm_bf16_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1);
+                       int64_t r1, void *tls);
 void fm_mm_bf16_dpbf16_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                              int64_t r1);
-void fm_mm_q8_0_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                            int64_t r1);
+                              int64_t r1, void *tls);
+extern const fm_mm_q8_family fm_q8_family_vnni_avx512;
 /* Splits x [n] into bf16 hi and lo parts (see fm_mm_act). */
 void fm_split_bf16_avx512(const float *x, uint16_t *hi, uint16_t *lo, int64_t n);
 

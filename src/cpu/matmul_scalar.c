@@ -11,7 +11,8 @@ static float out_bias(const float *bias, int64_t r) {
 }
 
 void fm_mm_f32_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                      int64_t r1) {
+                      int64_t r1, void *tls) {
+    (void)tls;
     const int64_t K = w->cols;
     for (int64_t r = r0; r < r1; r++) {
         const float *wr = (const float *)w->data + r * K;
@@ -25,7 +26,8 @@ void fm_mm_f32_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const fl
 }
 
 void fm_mm_f16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                      int64_t r1) {
+                      int64_t r1, void *tls) {
+    (void)tls;
     const int64_t K = w->cols;
     for (int64_t r = r0; r < r1; r++) {
         const uint16_t *wr = (const uint16_t *)w->data + r * K;
@@ -39,7 +41,8 @@ void fm_mm_f16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const fl
 }
 
 void fm_mm_bf16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1) {
+                       int64_t r1, void *tls) {
+    (void)tls;
     const int64_t K = w->cols;
     for (int64_t r = r0; r < r1; r++) {
         const uint16_t *wr = (const uint16_t *)w->data + r * K;
@@ -53,7 +56,8 @@ void fm_mm_bf16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const f
 }
 
 void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1) {
+                       int64_t r1, void *tls) {
+    (void)tls;
     const int64_t nb = w->cols / FM_QK8_0;
     for (int64_t r = r0; r < r1; r++) {
         const fm_block_q8_0 *wr = (const fm_block_q8_0 *)w->data + r * nb;

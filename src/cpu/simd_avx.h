@@ -7,6 +7,10 @@
 
 #define FM_INLINE static inline __attribute__((always_inline))
 
+/* Makes the compiler materialise v here, in a register: keeps an integer accumulation a chain in the order
+ * written (GCC otherwise reassociates it into a tree of partial sums and spills them). */
+#define FM_PIN(v) __asm__("" : "+x"(v))
+
 /* Sum of the 8 lanes, in a fixed order (pairs of halves, then pairs within). */
 FM_INLINE float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

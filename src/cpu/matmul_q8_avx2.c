@@ -1,0 +1,367 @@
+/* matmul_q8_avx2.c: the AVX2 Q8_0 kernel: int8 weights times int8 activations, the products of each 32-value
+ * block summed exactly in int32 and scaled by d_w * d_x in f32, as ggml's vec_dot_q8_0_q8_0.
+ *
+ * Layout (matmul_kernels.h): blocks in groups of 8, each vector of a group holding 4 bytes of each of the 8
+ * blocks, one block per 32-bit lane. Integer products summed lane by lane then leave the group's 8 block sums
+ * in the 8 lanes, and one convert, one multiply (8 weight scales by 8 activation scales) and one FMA per
+ * (row, token, group) apply the scales: no horizontal reduction until the end of the row.
+ *
+ * Two integer paths give the same 8 block sums (integer sums are exact in any order):
+ * - direct (T < Q8_PACK_MIN_T, decode steps: memory bound): each row's blocks are interleaved in registers
+ *   as they stream in; per 32 bytes, |w| * sign(x, w) by vpmaddubsw (pairs exact in int16: x is never -128)
+ *   widened by vpmaddwd with ones.
+ * - packed (longer batches: compute bound): a chunk of rows is widened once per call to int16 pairs in the
+ *   worker's scratch (per 4-byte lane b0 b1 b2 b3: (b0, b2) and (b1, b3), sign-extended by shifts), the
+ *   activations likewise, and vpmaddwd multiplies them directly: 2 ops on Zen 3's two integer-multiply pipes
+ *   per (block, token) where the direct path needs 3 (vpsignb shares those pipes), in tiles of 2 rows x 4
+ *   tokens so that each load feeds 2 to 4 products. The next chunk's weights are prefetched into L2 during
+ *   the tiles, so memory and arithmetic overlap.
+ *
+ * Both paths run the same f32 operations for a (row, token) whatever T, the tile, the chunk or the worker:
+ * acc = fma(float(isum_g), d_w,g * d_x,g, acc) for the groups g in order, then hsum256(acc). So the rows of a
+ * verify block equal single steps bit for bit, which speculative decoding needs to be lossless. */
+#include <immintrin.h>
+
+#include "cpu/matmul_kernels.h"
+#include "cpu/simd_avx.h"
+
+enum {
+    G8 = 8,                   /* blocks per group */
+    GROUP8 = FM_Q8_VECS * 32, /* bytes of an int8 group */
+    GROUP16 = 2 * GROUP8,     /* bytes of an int16 group */
+    Q8_PACK_MIN_T = 4,        /* batches of this size and more take the packed path */
+    Q8_PREFETCH = 1536,       /* bytes ahead of its reads that a row stream prefetches */
+    Q8_PACK_L2 = 256 << 10,   /* packed rows per chunk: as many as fit in this much of the L2 */
+};
+
+static const int8_t k_zero_block[FM_QK8_0]; /* the padding of a row's last group */
+
+static int64_t q8_groups(int64_t cols) {
+    return (cols / FM_QK8_0 + G8 - 1) / G8;
+}
+
+static size_t align64(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+static int q8_packed(int T) {
+    return T >= Q8_PACK_MIN_T;
+}
+
+/* The 8 x 8 transpose of 32-bit words that makes a group: v[j] lane l = word j of block l (m blocks, zero
+ * blocks after them). */
+FM_INLINE void q8_interleave(const fm_block_q8_0 *b, int m, __m256i v[8]) {
+    __m256i a[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) a[i] = _mm256_loadu_si256((const __m256i *)(i < m ? b[i].qs : k_zero_block));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* t[2i]: words 0, 1 | 4, 5 of blocks 2i, 2i+1; t[2i+1]: 2, 3 | 6, 7 */
+        t[2 * i] = _mm256_unpacklo_epi32(a[2 * i], a[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(a[2 * i], a[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { /* u[4h + k]: word k | k + 4 of blocks 4h .. 4h + 3 */
+        u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+        u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+        u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+        v[4 + k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+    }
+}
+
+/* The f32 scales of m blocks, zeros after them. */
+FM_INLINE __m256 q8_scales(const fm_block_q8_0 *b, int m) {
+    if (m == G8)
+        return _mm256_cvtph_ps(_mm_setr_epi16((short)b[0].d, (short)b[1].d, (short)b[2].d, (short)b[3].d,
+                                              (short)b[4].d, (short)b[5].d, (short)b[6].d, (short)b[7].d));
+    float d[G8];
+    for (int l = 0; l < G8; l++) d[l] = l < m ? fm_f16_to_f32(b[l].d) : 0.0f;
+    return _mm256_loadu_ps(d);
+}
+
+/* An interleaved int8 vector as two int16 vectors: per 32-bit lane b0 b1 b2 b3, lo = (b0, b2) and
+ * hi = (b1, b3), sign-extended. vpmaddwd of two such vectors sums two products within each lane's block. */
+FM_INLINE void q8_widen(__m256i v, __m256i *lo, __m256i *hi) {
+    *lo = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+    *hi = _mm256_srai_epi16(v, 8);
+}
+
+/* ---- activations ---- */
+
+static size_t q8_act_bytes(int T, int64_t cols) {
+    const size_t n = (size_t)T * (size_t)q8_groups(cols);
+    return align64(n * (q8_packed(T) ? GROUP16 : GROUP8)) + align64(n * G8 * sizeof(float));
+}
+
+/* Quantises each token (bit-identical to the scalar quantiser) and lays its blocks out for the path T takes:
+ * xr [T][ng][8 vectors of int8] (direct) or [T][ng][16 vectors of int16] (packed); xs [T][ng][8]. */
+static void q8_act_prep(const float *x, int T, int64_t cols, void *ws, fm_mm_act *a) {
+    const int64_t nb = cols / FM_QK8_0, ng = q8_groups(cols);
+    const int packed = q8_packed(T);
+    const size_t gbytes = packed ? GROUP16 : GROUP8;
+    int8_t *xr = ws;
+    float *xs = (float *)((char *)ws + align64((size_t)T * (size_t)ng * gbytes));
+    for (int t = 0; t < T; t++)
+        for (int64_t g = 0; g < ng; g++) {
+            fm_block_q8_0 blk[G8];
+            float d[G8];
+            const int m = nb - g * G8 < G8 ? (int)(nb - g * G8) : G8;
+            fm_quant_q8_0_avx2(x + (int64_t)t * cols + g * G8 * FM_QK8_0, blk, d, (int64_t)m * FM_QK8_0, 1);
+            __m256i v[8];
+            q8_interleave(blk, m, v);
+            const int64_t tg = (int64_t)t * ng + g;
+            int8_t *dst = xr + (size_t)tg * gbytes;
+            for (int j = 0; j < FM_Q8_VECS; j++) {
+                if (packed) {
+                    __m256i lo, hi;
+                    q8_widen(v[j], &lo, &hi);
+                    _mm256_store_si256((__m256i *)(dst + 64 * j), lo);
+                    _mm256_store_si256((__m256i *)(dst + 64 * j + 32), hi);
+                } else {
+                    _mm256_store_si256((__m256i *)(dst + 32 * j), v[j]);
+                }
+            }
+            for (int l = 0; l < G8; l++) xs[tg * G8 + l] = l < m ? d[l] : 0.0f;
+        }
+    a->ng = ng;
+    a->xr = xr;
+    a->xs = xs;
+}
+
+/* ---- direct path: T < Q8_PACK_MIN_T ---- */
+
+/* One row x TT tokens (all of them). */
+FM_INLINE void q8_direct_row(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, const fm_mm_act *a,
+                             const int TT, float out[Q8_PACK_MIN_T]) {
+    const int64_t xq_stride = ng * GROUP8, xs_stride = ng * G8;
+    const int8_t *xr = a->xr;
+    const float *xs = a->xs;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[Q8_PACK_MIN_T - 1];
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++, wb += G8, xr += GROUP8, xs += G8) {
+#pragma GCC unroll 5
+        for (int i = 0; i < 5; i++) _mm_prefetch((const char *)wb + Q8_PREFETCH + 64 * i, _MM_HINT_T0);
+        const int m = nb - g * G8 < G8 ? (int)(nb - g * G8) : G8;
+        __m256i v[8];
+        q8_interleave(wb, m, v);
+        __m256i ia[Q8_PACK_MIN_T - 1];
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) ia[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < FM_Q8_VECS; j++) {
+            const __m256i aw = _mm256_abs_epi8(v[j]);
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++) {
+                const __m256i x = _mm256_load_si256((const __m256i *)(xr + t * xq_stride + 32 * j));
+                const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, v[j]));
+                ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(p, ones));
+                FM_PIN(ia[t]);
+            }
+        }
+        const __m256 dw = q8_scales(wb, m);
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            const __m256 s = _mm256_mul_ps(dw, _mm256_load_ps(xs + t * xs_stride));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), s, acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) out[t] = hsum256(acc[t]);
+}
+
+static void q8_direct(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                      int64_t r1) {
+    const int64_t nb = w->cols / FM_QK8_0;
+    for (int64_t r = r0; r < r1; r++) {
+        const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
+        float out[Q8_PACK_MIN_T];
+        switch (a->T) {
+        case 3:
+            q8_direct_row(wb, nb, a->ng, a, 3, out);
+            break;
+        case 2:
+            q8_direct_row(wb, nb, a->ng, a, 2, out);
+            break;
+        default:
+            q8_direct_row(wb, nb, a->ng, a, 1, out);
+            break;
+        }
+        for (int t = 0; t < a->T; t++) fm_mm_store(w, y, bias, r, t, out[t]);
+    }
+}
+
+/* ---- packed path: T >= Q8_PACK_MIN_T ---- */
+
+/* Rows packed per chunk: as many as fit in Q8_PACK_L2 (each token tile's activations are then reused from L1
+ * by all of them), an even number for the 2-row tiles. */
+static int64_t q8_chunk_rows(int64_t cols) {
+    const int64_t per_row = q8_groups(cols) * (GROUP16 + G8 * (int64_t)sizeof(float));
+    const int64_t n = Q8_PACK_L2 / per_row;
+    return n < 2 ? 2 : n > 32 ? 32 : n & ~(int64_t)1;
+}
+
+static size_t q8_tls_bytes(int T, int64_t cols) {
+    if (!q8_packed(T)) return 0;
+    return (size_t)q8_chunk_rows(cols) * (size_t)q8_groups(cols) * (GROUP16 + G8 * sizeof(float));
+}
+
+/* Row wb (nb blocks) into ng int16 groups q [ng][16 vectors] and their scales d [ng][8]. */
+static void q8_pack_row(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, int8_t *q, float *d) {
+    for (int64_t g = 0; g < ng; g++, wb += G8, q += GROUP16, d += G8) {
+#pragma GCC unroll 5
+        for (int i = 0; i < 5; i++) _mm_prefetch((const char *)wb + Q8_PREFETCH + 64 * i, _MM_HINT_T0);
+        const int m = nb - g * G8 < G8 ? (int)(nb - g * G8) : G8;
+        __m256i v[8];
+        q8_interleave(wb, m, v);
+#pragma GCC unroll 8
+        for (int j = 0; j < FM_Q8_VECS; j++) {
+            __m256i lo, hi;
+            q8_widen(v[j], &lo, &hi);
+            _mm256_store_si256((__m256i *)(q + 64 * j), lo);
+            _mm256_store_si256((__m256i *)(q + 64 * j + 32), hi);
+        }
+        _mm256_store_ps(d, q8_scales(wb, m));
+    }
+}
+
+/* A stream of cache lines to prefetch into L2, a few per group of the tiles: the next chunk's weights. */
+typedef struct {
+    const char *p, *end;
+    int per_group;
+} q8_prefetch;
+
+/* R packed rows (1, 2) from wq/wd (stride rq / rd between rows) x TT tokens (1..4) from t0. */
+FM_INLINE void q8_tile(const int8_t *wq, const float *wd, int64_t rq, int64_t rd, const fm_mm_act *a, int t0,
+                       const int R, const int TT, float out[2][4], q8_prefetch *pf) {
+    const int64_t ng = a->ng, xq_stride = ng * GROUP16, xs_stride = ng * G8;
+    const int8_t *xr = a->xr + (int64_t)t0 * xq_stride;
+    const float *xs = a->xs + (int64_t)t0 * xs_stride;
+    __m256 acc[2][4];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++, wq += GROUP16, wd += G8, xr += GROUP16, xs += G8) {
+        for (int i = 0; i < pf->per_group && pf->p < pf->end; i++, pf->p += 64)
+            _mm_prefetch(pf->p, _MM_HINT_T1);
+        __m256i ia[2][4];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++) ia[r][t] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+        for (int j = 0; j < 2 * FM_Q8_VECS; j++) {
+            __m256i wv[2];
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) wv[r] = _mm256_load_si256((const __m256i *)(wq + r * rq + 32 * j));
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++) {
+                __m256i x = _mm256_load_si256((const __m256i *)(xr + t * xq_stride + 32 * j));
+                FM_PIN(x); /* one load for both rows, not a memory operand per product */
+#pragma GCC unroll 2
+                for (int r = 0; r < R; r++) {
+                    ia[r][t] = _mm256_add_epi32(ia[r][t], _mm256_madd_epi16(wv[r], x));
+                    FM_PIN(ia[r][t]);
+                }
+            }
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            const __m256 dw = _mm256_load_ps(wd + r * rd);
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++) {
+                const __m256 s = _mm256_mul_ps(dw, _mm256_load_ps(xs + t * xs_stride));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r][t]), s, acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) out[r][t] = hsum256(acc[r][t]);
+}
+
+/* The tile of R rows x tt tokens, with compile-time shapes. */
+static void q8_tile_any(const int8_t *wq, const float *wd, int64_t rq, int64_t rd, const fm_mm_act *a, int t0,
+                        int R, int tt, float out[2][4], q8_prefetch *pf) {
+    switch (R * 4 + tt) {
+    case 12:
+        q8_tile(wq, wd, rq, rd, a, t0, 2, 4, out, pf);
+        break;
+    case 11:
+        q8_tile(wq, wd, rq, rd, a, t0, 2, 3, out, pf);
+        break;
+    case 10:
+        q8_tile(wq, wd, rq, rd, a, t0, 2, 2, out, pf);
+        break;
+    case 9:
+        q8_tile(wq, wd, rq, rd, a, t0, 2, 1, out, pf);
+        break;
+    case 8:
+        q8_tile(wq, wd, rq, rd, a, t0, 1, 4, out, pf);
+        break;
+    case 7:
+        q8_tile(wq, wd, rq, rd, a, t0, 1, 3, out, pf);
+        break;
+    case 6:
+        q8_tile(wq, wd, rq, rd, a, t0, 1, 2, out, pf);
+        break;
+    default:
+        q8_tile(wq, wd, rq, rd, a, t0, 1, 1, out, pf);
+        break;
+    }
+}
+
+/* Rows [r0, r1) by chunks: pack the chunk's rows (their only pass over memory), then run every tile of
+ * 2 rows x 4 tokens over them while the next chunk is prefetched. */
+static void q8_packed_rows(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                           int64_t r1, void *tls) {
+    const int64_t nb = w->cols / FM_QK8_0, ng = a->ng, rc_max = q8_chunk_rows(w->cols);
+    const int64_t rq = ng * GROUP16, rd = ng * G8, row_bytes = nb * (int64_t)sizeof(fm_block_q8_0);
+    int8_t *pq = tls;
+    float *pd = (float *)(pq + rc_max * rq);
+    const char *wbase = w->data;
+    for (int64_t rc = r0; rc < r1; rc += rc_max) {
+        const int64_t n = r1 - rc < rc_max ? r1 - rc : rc_max;
+        for (int64_t i = 0; i < n; i++)
+            q8_pack_row((const fm_block_q8_0 *)(wbase + (rc + i) * row_bytes), nb, ng, pq + i * rq,
+                        pd + i * rd);
+        /* The rows after this chunk (past r1 too: likely this worker's next chunk), spread over its tiles. */
+        const int64_t next_end = rc + n + rc_max < w->rows ? rc + n + rc_max : w->rows;
+        const int64_t tiles = (int64_t)((a->T + 3) / 4) * ((n + 1) / 2) * ng;
+        q8_prefetch pf = {wbase + (rc + n) * row_bytes, wbase + next_end * row_bytes, 0};
+        pf.per_group = (int)(((pf.end - pf.p) / 64 + tiles - 1) / tiles);
+        for (int t0 = 0; t0 < a->T; t0 += 4) {
+            const int tt = a->T - t0 < 4 ? a->T - t0 : 4;
+            for (int64_t i = 0; i < n; i += 2) {
+                const int R = n - i < 2 ? 1 : 2;
+                float out[2][4];
+                q8_tile_any(pq + i * rq, pd + i * rd, rq, rd, a, t0, R, tt, out, &pf);
+                for (int r = 0; r < R; r++)
+                    for (int t = 0; t < tt; t++) fm_mm_store(w, y, bias, rc + i + r, t0 + t, out[r][t]);
+            }
+        }
+    }
+}
+
+static void q8_kernel(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                      int64_t r1, void *tls) {
+    if (q8_packed(a->T))
+        q8_packed_rows(w, a, y, bias, r0, r1, tls);
+    else
+        q8_direct(w, a, y, bias, r0, r1);
+}
+
+const fm_mm_q8_family fm_q8_family_avx2 = {
+    .group = G8,
+    .act_bytes = q8_act_bytes,
+    .act_prep = q8_act_prep,
+    .tls_bytes = q8_tls_bytes,
+    .kern = q8_kernel,
+};

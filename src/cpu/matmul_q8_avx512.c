@@ -1,0 +1,238 @@
+/* matmul_q8_avx512.c: the AVX-512 VNNI Q8_0 kernel (F/BW/VL/DQ + VNNI; runs only after matmul.c checked
+ * avx512vnni). Same scheme as matmul_q8_avx2.c with 16 blocks per group (one per 32-bit lane of a zmm):
+ * vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes and adds them to an int32 lane without saturation,
+ * so weights are stored once per call as w + 128 (unsigned) in a per-worker packed chunk, activations stay
+ * signed, and 128 * sum(x) per block (computed once per token) is subtracted: one instruction per 64 bytes of
+ * products, no sign or widening step. Tiles of 1 row x 8 tokens; the f32 part per (row, token, group) is one
+ * convert, one scale multiply and one FMA, in the same order for every T, so verify rows equal single steps
+ * bit for bit (speculative decoding depends on it). */
+#include <immintrin.h>
+
+#include "cpu/matmul_kernels.h"
+#include "cpu/simd_avx.h"
+
+enum {
+    G16 = 16,                      /* blocks per group */
+    GROUP_BYTES = FM_Q8_VECS * 64, /* bytes of a group */
+    Q8_PREFETCH = 2048,            /* bytes ahead of its reads that the packing prefetches */
+};
+
+static const int8_t k_zero_block[FM_QK8_0]; /* the padding of a row's last group */
+
+/* The 16 x 8 transpose of 32-bit words that makes a group (matmul_kernels.h): out[j] lane l = word j of
+ * src[l]. Vector i holds blocks q and q + 4 (q = 0..3, 8..11) so that the in-lane unpacks and one 128-bit
+ * shuffle leave the blocks in natural lane order. XORing 0x80 into every byte (flip) stores w + 128. */
+FM_INLINE void q8_interleave16(const int8_t *const src[G16], int8_t *dst, int flip) {
+    __m512i z[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        const int q = i < 4 ? i : i + 4;
+        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)src[q])),
+                                  _mm256_loadu_si256((const __m256i *)src[q + 4]), 1);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+        u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+        u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    const __m512i fl = _mm512_set1_epi8(flip ? (char)0x80 : 0);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4;
+         k++) { /* u[k]: 128-bit lanes = blocks 0-3 word k, k + 4, blocks 4-7 word k, k + 4 */
+        _mm512_store_si512(dst + 64 * k, _mm512_xor_si512(fl, _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88)));
+        _mm512_store_si512(dst + 64 * (4 + k),
+                           _mm512_xor_si512(fl, _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd)));
+    }
+}
+
+static int64_t q8_groups(int64_t cols) {
+    return (cols / FM_QK8_0 + G16 - 1) / G16;
+}
+
+static size_t align64(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+static size_t q8_act_bytes(int T, int64_t cols) {
+    const size_t n = (size_t)T * (size_t)q8_groups(cols);
+    return align64(n * GROUP_BYTES) + 2 * align64(n * G16 * sizeof(float));
+}
+
+/* Quantises each token (bit-identical to the scalar quantiser), interleaves its blocks and records
+ * 128 * sum(q) per block: the kernel multiplies w + 128 (unsigned) by x, so it subtracts that. */
+static void q8_act_prep(const float *x, int T, int64_t cols, void *ws, fm_mm_act *a) {
+    const int64_t nb = cols / FM_QK8_0, ng = q8_groups(cols);
+    const size_t n = (size_t)T * (size_t)ng;
+    int8_t *xr = ws;
+    float *xs = (float *)((char *)ws + align64(n * GROUP_BYTES));
+    int32_t *xc = (int32_t *)((char *)xs + align64(n * G16 * sizeof(float)));
+    for (int t = 0; t < T; t++)
+        for (int64_t g = 0; g < ng; g++) {
+            fm_block_q8_0 blk[G16];
+            float d[G16];
+            const int m = nb - g * G16 < G16 ? (int)(nb - g * G16) : G16;
+            fm_quant_q8_0_avx2(x + (int64_t)t * cols + g * G16 * FM_QK8_0, blk, d, (int64_t)m * FM_QK8_0, 1);
+            const int8_t *src[G16];
+            for (int l = 0; l < G16; l++) src[l] = l < m ? blk[l].qs : k_zero_block;
+            const int64_t tg = (int64_t)t * ng + g;
+            q8_interleave16(src, xr + tg * GROUP_BYTES, 0);
+            for (int l = 0; l < G16; l++) {
+                int32_t sum = 0;
+                for (int k = 0; k < FM_QK8_0; k++) sum += src[l][k];
+                xs[tg * G16 + l] = l < m ? d[l] : 0.0f;
+                xc[tg * G16 + l] = 128 * sum;
+            }
+        }
+    a->ng = ng;
+    a->xr = xr;
+    a->xs = xs;
+    a->xc = xc;
+}
+
+/* Rows packed per chunk, as in the AVX2 kernel: more for long batches, within about half the L2. */
+static int64_t q8_chunk_rows(int T, int64_t cols) {
+    if (T <= 8) return 4;
+    const int64_t per_row = q8_groups(cols) * (GROUP_BYTES + G16 * sizeof(float));
+    int64_t n = (512 << 10) / per_row;
+    return n < 4 ? 4 : n > 32 ? 32 : n;
+}
+
+static size_t q8_tls_bytes(int T, int64_t cols) {
+    return (size_t)q8_chunk_rows(T, cols) * (size_t)q8_groups(cols) * (GROUP_BYTES + G16 * sizeof(float));
+}
+
+/* Row wb (nb blocks) into ng groups of w + 128 (q) and their f32 scales (d, 0 in the padding). */
+static void q8_pack_row(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, int8_t *q, float *d) {
+    for (int64_t g = 0; g < ng; g++, wb += G16, q += GROUP_BYTES, d += G16) {
+#pragma GCC unroll 9
+        for (int i = 0; i < 9; i++) _mm_prefetch((const char *)wb + Q8_PREFETCH + 64 * i, _MM_HINT_T0);
+        const int m = nb - g * G16 < G16 ? (int)(nb - g * G16) : G16;
+        const int8_t *src[G16];
+        for (int l = 0; l < G16; l++) src[l] = l < m ? wb[l].qs : k_zero_block;
+        q8_interleave16(src, q, 1);
+        if (m == G16) {
+            uint16_t h[G16];
+            for (int l = 0; l < G16; l++) h[l] = wb[l].d;
+            _mm512_store_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
+        } else {
+            for (int l = 0; l < G16; l++) d[l] = l < m ? fm_f16_to_f32(wb[l].d) : 0.0f;
+        }
+    }
+}
+
+/* A stream of cache lines to prefetch into L2, a few per group of the tiles: the next chunk's weights, so
+ * that memory works while the tiles compute. */
+typedef struct {
+    const char *p, *end;
+    int per_group;
+} q8_prefetch;
+
+/* One packed row x TT tokens (1..8) from t0. Per group and token: 8 vpdpbusd of (w + 128) by x accumulate
+ * the 16 block sums in int32 (exact, no saturation), minus 128 * sum(x) gives sum(w x); then one convert,
+ * one multiply of the 16 weight scales by the token's 16 activation scales, and one FMA into the token's
+ * accumulator. As in the AVX2 kernel, the f32 operations of a (row, token) are the same whatever TT, t0 and
+ * T are: verify rows equal single steps bit for bit (speculative decoding depends on it). */
+FM_INLINE void q8_tile(const int8_t *wq, const float *wd, const fm_mm_act *a, int64_t ng, int t0,
+                       const int TT, float out[8], q8_prefetch *pf) {
+    const int64_t xq_stride = ng * GROUP_BYTES, xs_stride = ng * G16;
+    const int8_t *xr = a->xr + (int64_t)t0 * xq_stride;
+    const float *xs = a->xs + (int64_t)t0 * xs_stride;
+    const int32_t *xc = a->xc + (int64_t)t0 * xs_stride;
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++, wq += GROUP_BYTES, wd += G16, xr += GROUP_BYTES, xs += G16, xc += G16) {
+        for (int i = 0; i < pf->per_group && pf->p < pf->end; i++, pf->p += 64)
+            _mm_prefetch(pf->p, _MM_HINT_T1);
+        __m512i ia[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) ia[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int j = 0; j < FM_Q8_VECS; j++) {
+            const __m512i w = _mm512_load_si512(wq + 64 * j);
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; t++)
+                ia[t] = _mm512_dpbusd_epi32(ia[t], w, _mm512_load_si512(xr + t * xq_stride + 64 * j));
+        }
+        const __m512 dw = _mm512_load_ps(wd);
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            const __m512i isum = _mm512_sub_epi32(ia[t], _mm512_load_si512(xc + t * xs_stride));
+            const __m512 s = _mm512_mul_ps(dw, _mm512_load_ps(xs + t * xs_stride));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+/* Rows [r0, r1) by chunks: pack the chunk's rows into tls (their only pass over memory), then every 8-token
+ * tile over every packed row while the next chunk is prefetched. */
+static void q8_kernel(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                      int64_t r1, void *tls) {
+    const int64_t nb = w->cols / FM_QK8_0, ng = a->ng, rc_max = q8_chunk_rows(a->T, w->cols);
+    const int64_t row_bytes = nb * (int64_t)sizeof(fm_block_q8_0);
+    const char *wbase = w->data;
+    int8_t *pq = tls;
+    float *pd = (float *)(pq + rc_max * ng * GROUP_BYTES);
+    for (int64_t rc = r0; rc < r1; rc += rc_max) {
+        const int64_t n = r1 - rc < rc_max ? r1 - rc : rc_max;
+        for (int64_t i = 0; i < n; i++)
+            q8_pack_row((const fm_block_q8_0 *)(wbase + (rc + i) * row_bytes), nb, ng,
+                        pq + i * ng * GROUP_BYTES, pd + i * ng * G16);
+        const int64_t next_end = rc + n + rc_max < w->rows ? rc + n + rc_max : w->rows;
+        const int64_t tiles = (int64_t)((a->T + 7) / 8) * n * ng;
+        q8_prefetch pf = {wbase + (rc + n) * row_bytes, wbase + next_end * row_bytes, 0};
+        pf.per_group = (int)(((pf.end - pf.p) / 64 + tiles - 1) / tiles);
+        for (int t0 = 0; t0 < a->T; t0 += 8) {
+            const int tt = a->T - t0 < 8 ? a->T - t0 : 8;
+            for (int64_t i = 0; i < n; i++) {
+                const int8_t *wq = pq + i * ng * GROUP_BYTES;
+                const float *wd = pd + i * ng * G16;
+                float out[8];
+                switch (tt) {
+                case 8:
+                    q8_tile(wq, wd, a, ng, t0, 8, out, &pf);
+                    break;
+                case 7:
+                    q8_tile(wq, wd, a, ng, t0, 7, out, &pf);
+                    break;
+                case 6:
+                    q8_tile(wq, wd, a, ng, t0, 6, out, &pf);
+                    break;
+                case 5:
+                    q8_tile(wq, wd, a, ng, t0, 5, out, &pf);
+                    break;
+                case 4:
+                    q8_tile(wq, wd, a, ng, t0, 4, out, &pf);
+                    break;
+                case 3:
+                    q8_tile(wq, wd, a, ng, t0, 3, out, &pf);
+                    break;
+                case 2:
+                    q8_tile(wq, wd, a, ng, t0, 2, out, &pf);
+                    break;
+                default:
+                    q8_tile(wq, wd, a, ng, t0, 1, out, &pf);
+                    break;
+                }
+                for (int t = 0; t < tt; t++) fm_mm_store(w, y, bias, rc + i, t0 + t, out[t]);
+            }
+        }
+    }
+}
+
+const fm_mm_q8_family fm_q8_family_vnni_avx512 = {
+    .group = G16,
+    .act_bytes = q8_act_bytes,
+    .act_prep = q8_act_prep,
+    .tls_bytes = q8_tls_bytes,
+    .kern = q8_kernel,
+};
