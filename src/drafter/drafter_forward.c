@@ -27,8 +27,9 @@ static void write_cross_kv(fm_drafter *d, fm_pool *pool, int l, const float *ctx
     const fm_drafter_hparams *hp = &d->hp;
     fmd_layer *L = &d->layers[l];
     int D = hp->dim;
-    fm_matmul(pool, &L->cross.k, ctx, T, d->k, NULL); /* [T][D] */
-    fm_matmul(pool, &L->cross.v, ctx, T, d->v, NULL); /* [T][D] */
+    const fm_matrix *kv[2] = {&L->cross.k, &L->cross.v};
+    float *const kv_out[2] = {d->k, d->v}; /* [T][D] each */
+    fm_matmul_multi(pool, kv, 2, ctx, T, kv_out);
     fmd_head_norm_rope(d->k, L->cross.k_norm, T, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
                        d->rope_sin);
     for (size_t i = 0; i < (size_t)T * D; i++) {
@@ -63,9 +64,9 @@ static void self_attention(fm_drafter *d, fm_pool *pool, const fmd_layer *L, con
     const fm_drafter_hparams *hp = &d->hp;
     int K = hp->block;
     fmd_ln_mod_rows(d->x, m, K, hp->dim, hp->ln_eps, d->h);
-    fm_matmul(pool, &L->self.q, d->h, K, d->q, NULL);
-    fm_matmul(pool, &L->self.k, d->h, K, d->k, NULL);
-    fm_matmul(pool, &L->self.v, d->h, K, d->v, NULL);
+    const fm_matrix *qkv[3] = {&L->self.q, &L->self.k, &L->self.v};
+    float *const qkv_out[3] = {d->q, d->k, d->v};
+    fm_matmul_multi(pool, qkv, 3, d->h, K, qkv_out);
     fmd_head_norm_rope(d->q, L->self.q_norm, K, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
                        d->rope_sin);
     fmd_head_norm_rope(d->k, L->self.k_norm, K, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,

@@ -162,9 +162,10 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
     const int dim = hp->dim, hd = hp->head_dim, q_dim = hp->n_heads * hd, kv_dim = s->kv_dim;
     for (int t = 0; t < T; t++)
         fm_rmsnorm(s->h + (int64_t)t * dim, s->x + (int64_t)t * dim, L->attn_norm, dim, hp->rms_eps);
-    fm_matmul(pool, &L->wq, s->h, T, s->q, NULL);
-    fm_matmul(pool, &L->wk, s->h, T, s->k, NULL);
-    fm_matmul(pool, &L->wv, s->h, T, s->v, NULL);
+    /* One pool job for q, k and v: x quantised once, no idle workers between the three. */
+    const fm_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    float *const qkv_out[3] = {s->q, s->k, s->v};
+    fm_matmul_multi(pool, qkv, 3, s->h, T, qkv_out);
     uint16_t *kc = s->k_cache + (size_t)l * s->n_ctx * kv_dim,
              *vc = s->v_cache + (size_t)l * s->n_ctx * kv_dim;
     for (int t = 0; t < T; t++) {
@@ -200,8 +201,9 @@ static void layer_mlp(const qwen3_model *m, const qwen3_layer *L, qwen3_state *s
     const int dim = hp->dim;
     for (int t = 0; t < T; t++)
         fm_rmsnorm(s->h + (int64_t)t * dim, s->x + (int64_t)t * dim, L->ffn_norm, dim, hp->rms_eps);
-    fm_matmul(pool, &L->w_gate, s->h, T, s->gate, NULL);
-    fm_matmul(pool, &L->w_up, s->h, T, s->up, NULL);
+    const fm_matrix *gate_up[2] = {&L->w_gate, &L->w_up};
+    float *const gate_up_out[2] = {s->gate, s->up};
+    fm_matmul_multi(pool, gate_up, 2, s->h, T, gate_up_out);
     fm_silu_mul(s->gate, s->up, (int64_t)T * hp->ffn);
     fm_matmul(pool, &L->w_down, s->gate, T, s->h, NULL);
     for (int64_t i = 0; i < (int64_t)T * dim; i++) s->x[i] += s->h[i];
