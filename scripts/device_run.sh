@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # device_run.sh: what runs on the GPU machine: builds the library subset the device harness needs (no CLI, no
-# libcurl: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc come from the
-# carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
+# libcurl, no libcrypto: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc
+# come from the carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
 # the full-size benchmark and the PyTorch peer. usage: scripts/device_run.sh [parity|sanitize|bench|peer]...
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +16,7 @@ ARCH="-gencode=arch=compute_90a,code=sm_90a"
 build() {
   local srcs=() f
   while IFS= read -r f; do srcs+=("$f"); done < <(find "$ROOT/src" -name '*.c' ! -path '*/cuda/*' \
-      ! -name fetch.c ! -name model_cache.c ! -name engine.c ! -name engine_text.c | sort)
+      ! -name fetch.c ! -name model_cache.c ! -name sha256.c ! -name engine.c ! -name engine_text.c | sort)
   compile_c() {
     local f=$1 o="$B/obj/$(echo "${1#$ROOT/}" | tr / _).o" extra=""
     case "$f" in
