@@ -3,6 +3,7 @@
  * bandwidth, plain decode tok/s and its share of the roofline (weights + KV bytes per step / copy bandwidth),
  * verify(8), verify(17) and draft time relative to a step, and end-to-end tok/s at simulated acceptance.
  * usage: bench_cuda WORKDIR [prompt_len=512] [new_tokens=256] */
+#include <cuda_profiler_api.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -97,11 +98,29 @@ int main(int argc, char **argv) {
             return fprintf(stderr, "prefill: %s\n", err), 1;
     }
     const double prefill_s = hx_now() - t0;
-    /* Plain steps (graphs on, then off). */
+    if (getenv("FM_BENCH_PROFILE")) {
+        /* For `ncu --profile-from-start off`: two plain steps (graphs + PDL) at position NP, then stop. */
+        for (int i = 0; i < 3; i++) {
+            int32_t in = next;
+            if (i == 1) cudaProfilerStart();
+            if (G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err))
+                return fprintf(stderr, "step: %s\n", err), 1;
+        }
+        cudaProfilerStop();
+        return 0;
+    }
+    /* Plain steps: graphs + PDL (the default), graphs without PDL, no graphs. */
     enum { STEPS = 128 };
-    double ts[STEPS];
-    for (int graphs = 1; graphs >= 0; graphs--) {
+    double ts[STEPS], step = 0;
+    const uint64_t wbytes = fm_cuda_debug_step_bytes(gb);
+    const double kv = 2.0 * 2 * m->hp.n_layers * (NP + 68) * (double)m->hp.n_kv_heads * m->hp.head_dim;
+    printf("RESULT device: %s\n", name);
+    printf("RESULT copy bandwidth (read+write): %.0f GB/s\n", bw);
+    printf("RESULT prefill %d tokens: %.1f ms (%.0f tok/s)\n", NP, prefill_s * 1e3, NP / prefill_s);
+    for (int cfg = 0; cfg < 3; cfg++) {
+        const int graphs = cfg < 2, pdl = cfg != 1;
         fm_cuda_debug_set_graphs(gb, graphs);
+        fm_cuda_debug_set_pdl(gb, pdl);
         for (int i = 0; i < 8 + STEPS; i++) {
             double a = hx_now();
             int32_t in = next;
@@ -110,35 +129,41 @@ int main(int argc, char **argv) {
             if (i >= 8) ts[i - 8] = hx_now() - a;
         }
         G.rewind(G.ctx, NP);
-        const double step = median(ts, STEPS);
-        if (graphs) {
-            const uint64_t wbytes = fm_cuda_debug_step_bytes(gb);
-            const double kv =
-                2.0 * 2 * m->hp.n_layers * (NP + 68) * (double)m->hp.n_kv_heads * m->hp.head_dim;
-            printf("RESULT device: %s\n", name);
-            printf("RESULT copy bandwidth (read+write): %.0f GB/s\n", bw);
-            printf("RESULT prefill %d tokens: %.1f ms (%.0f tok/s)\n", NP, prefill_s * 1e3, NP / prefill_s);
-            printf(
-                "RESULT plain step (graph): %.3f ms = %.1f tok/s; bytes/step %.3f GB weights + %.3f GB KV; "
-                "roofline %.1f tok/s; %.1f%% of roofline\n",
-                step * 1e3, 1 / step, wbytes / 1e9, kv / 1e9, bw * 1e9 / (wbytes + kv),
-                100.0 * (wbytes + kv) / step / (bw * 1e9));
-            ts[0] = step;
-        } else
-            printf("RESULT plain step (no graph): %.3f ms = %.1f tok/s\n", step * 1e3, 1 / step);
-        if (graphs) ts[STEPS - 1] = step;
+        const double t = median(ts, STEPS);
+        printf("RESULT plain step (graphs %s, PDL %s): %.3f ms = %.1f tok/s; %.1f%% of roofline\n",
+               graphs ? "on" : "off", pdl ? "on" : "off", t * 1e3, 1 / t,
+               100.0 * (wbytes + kv) / t / (bw * 1e9));
+        if (cfg == 0) step = t;
     }
     fm_cuda_debug_set_graphs(gb, 1);
-    /* Re-measure the graph step for the ratios. */
-    double step_v[32];
-    for (int i = 0; i < 32; i++) {
-        double a = hx_now();
+    fm_cuda_debug_set_pdl(gb, 1);
+    printf("RESULT bytes/step %.3f GB weights + %.3f GB KV; roofline %.1f tok/s at the copy bandwidth\n",
+           wbytes / 1e9, kv / 1e9, bw * 1e9 / (wbytes + kv));
+    printf("RESULT plain step (graph + PDL): %.3f ms = %.1f tok/s = %.1f%% of roofline\n", step * 1e3,
+           1 / step, 100.0 * (wbytes + kv) / step / (bw * 1e9));
+    /* Each kernel group alone (graph of one launch per layer, weights not in L2), at 1, 8 and 17 rows. */
+    {
+        static const char *names[] = {
+            "qkv (+RMSNorm, quantise)",           "wo",
+            "gate/up (+RMSNorm, SiLU, quantise)", "down",
+            "lm_head (+RMSNorm, quantise)",       "attention (splits + merge)",
+            "drafter fc1 (bf16, + GELU)",         "drafter fc2 (bf16, + gated add)"};
+        const int Ts[] = {1, 8, 17}, Td[] = {16};
         int32_t in = next;
-        G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err);
-        step_v[i] = hx_now() - a;
+        G.eval(G.ctx, &in, 1, 0, NULL, err, sizeof err); /* position NP + 1: a cache row to attend to */
+        for (int k = 0; k < 8; k++)
+            for (int ti = 0; ti < (k < 6 ? 3 : 1); ti++) {
+                uint64_t by = 0;
+                const int T = k < 6 ? Ts[ti] : Td[ti];
+                const double us = fm_cuda_debug_time_kernel(gb, k, T, 1, &by);
+                if (by)
+                    printf("RESULT kernel %-36s T=%2d: %8.2f us, %6.0f GB/s = %5.1f%% of copy bandwidth\n",
+                           names[k], T, us, by / (us * 1e-6) / 1e9, 100.0 * by / (us * 1e-6) / (bw * 1e9));
+                else
+                    printf("RESULT kernel %-36s T=%2d: %8.2f us\n", names[k], T, us);
+            }
+        G.rewind(G.ctx, NP);
     }
-    G.rewind(G.ctx, NP);
-    const double step = median(step_v, 32);
     for (int T = 8; T <= 17; T += 9) {
         double v[20];
         for (int i = 0; i < 22; i++) {
@@ -151,17 +176,20 @@ int main(int argc, char **argv) {
         const double vt = median(v, 20);
         printf("RESULT verify(%d): %.3f ms = %.2f x step\n", T, vt * 1e3, vt / step);
     }
-    {
+    for (int graphs = 1; graphs >= 0; graphs--) {
         double v[20];
         int32_t out[64];
+        fm_cuda_debug_set_graphs(gb, graphs);
         for (int i = 0; i < 22; i++) {
             double a = hx_now();
             if (G.draft(G.ctx, next, NP, out, err, sizeof err)) return fprintf(stderr, "draft: %s\n", err), 1;
             if (i >= 2) v[i - 2] = hx_now() - a;
         }
         const double dt = median(v, 20);
-        printf("RESULT draft (block %d): %.3f ms = %.2f x step\n", fm_drafter_block(d), dt * 1e3, dt / step);
+        printf("RESULT draft (block %d, graph %s): %.3f ms = %.2f x step\n", fm_drafter_block(d),
+               graphs ? "on" : "off", dt * 1e3, dt / step);
     }
+    fm_cuda_debug_set_graphs(gb, 1);
     /* End to end through the decoding loop. */
     fm_decode_averages avg;
     fm_generate_params p;
@@ -176,8 +204,8 @@ int main(int argc, char **argv) {
     const double plain_tps = st.n_generated / st.decode_s;
     printf("RESULT e2e plain: %d tokens, %.1f tok/s\n", st.n_generated, plain_tps);
     const double means[] = {0, 4, 6.5, 8};
-    const int verifies[] = {7, 16};
-    for (int vi = 0; vi < 2; vi++)
+    const int verifies[] = {0, 7, 16}; /* 0: adaptive (7 drafts while acceptance is low, else the block) */
+    for (int vi = 0; vi < 3; vi++)
         for (int mi = 0; mi < 4; mi++) {
             fm_generate_params ps;
             hx_params(&ps, NEW);
@@ -190,10 +218,13 @@ int main(int argc, char **argv) {
             if (fm_decode_run(&G, &avg, prompt, NP, &ps, never, NULL, &ids, &n, &st, err, sizeof err))
                 return fprintf(stderr, "spec: %s\n", err), 1;
             const int same = n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n);
-            printf("RESULT e2e simulated acceptance %.1f, verify %d: %.1f tok/s = %.2f x plain; %d rounds, "
+            printf("RESULT e2e simulated acceptance %.1f, verify %-8s: %.1f tok/s = %.2f x plain; %d rounds, "
                    "%.2f accepted/round; ids %s plain\n",
-                   means[mi], verifies[vi], st.n_generated / st.decode_s,
-                   st.n_generated / st.decode_s / plain_tps, st.rounds,
+                   means[mi],
+                   verifies[vi] == 0   ? "adaptive"
+                   : verifies[vi] == 7 ? "7"
+                                       : "16",
+                   st.n_generated / st.decode_s, st.n_generated / st.decode_s / plain_tps, st.rounds,
                    st.rounds ? (double)st.accepted / st.rounds : 0.0, same ? "==" : "!=");
             free(ids);
         }

@@ -3,10 +3,13 @@
  *
  * A call copies in the token ids (and the position) and copies out only argmax ids. The target's forward for
  * T rows is one fixed sequence of kernels that read the position from device memory, so an eval of T rows is
- * captured once as a CUDA graph per (T, output mode) and replayed at any position. The drafter's passes are
- * launched directly (their shapes change with the position).
- * Invariants: the KV cache holds positions 0 .. pos-1; feature rows of the last eval wait in `pending` (device)
- * until the next draft extends the drafter's context with them, as the CPU backend does. */
+ * captured once as a CUDA graph per (T, output mode) and replayed at any position; the draft likewise (its
+ * anchor and position in device memory). Kernels of a forward of up to 32 rows are chained with
+ * programmatic dependent launch (cuda_device.cuh), so a matrix product streams its first weights while the
+ * kernel before it finishes. The context extension of the drafter is launched directly (its row count
+ * changes).
+ * Invariants: the KV cache holds positions 0 .. pos-1; feature rows of the last eval wait in `pending`
+ * (device) until the next draft extends the drafter's context with them, as the CPU backend does. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +26,7 @@
 enum { MODE_NONE = 0, MODE_LAST = 1, MODE_ALL = 2, MAX_GRAPHS = 96, GRAPH_MAX_T = 32, DRAFT_ROWS = 64 };
 
 typedef struct {
-    fmc_q8 qkv, wo, gu, down;
+    fmc_q8 qkv, wo, gu, down; /* gu: [gate; up] */
     float *attn_norm, *q_norm, *k_norm, *ffn_norm;
 } dlayer_t;
 
@@ -43,7 +46,9 @@ struct fm_cuda_backend {
     int n_layers, dim, n_heads, n_kv, hd, ffn, vocab, q_dim, kv_dim;
     float eps;
     int n_ctx, max_eval, n_capture, fw, max_splits, rows_cap, maxK;
-    int *cap_slot; /* [n_layers] */
+    int *cap_slot;    /* [n_layers] */
+    float *gemm_part; /* split-K scratch shared by every product (fmc_split) */
+    unsigned *gemm_cnt;
     int pos;
     cudaStream_t st;
     std::vector<void *> *allocs;
@@ -52,17 +57,21 @@ struct fm_cuda_backend {
     float *out_norm, *rope;
     dlayer_t *L;
     __half *kc, *vc; /* [n_layers][n_ctx][kv_dim] */
-    /* activations, [rows_cap] rows */
-    float *x, *qkv, *q, *att, *gu, *feat, *logits, *part, *xd;
-    int8_t *xq;
-    int32_t *d_ids, *d_argmax;
+    /* activations, [rows_cap] rows; quantised ones in fragment order, two sets: xq0 holds the normalised
+     * input of qkv / gate-up / lm_head, xq1 the attention output and the SiLU-gate output */
+    float *x, *qkv, *q, *feat, *logits, *part, *xd0, *xd1;
+    int8_t *xq0, *xq1;
+    int32_t *d_ids;
+    unsigned long long *d_am; /* packed argmax (fmc_argmax) */
     int *d_pos;
-    int32_t *h_ids, *h_argmax; /* pinned */
+    int32_t *h_ids; /* pinned */
+    unsigned long long *h_am;
     int *h_pos;
     int last_logit_rows, last_rows;
-    /* graphs */
-    int use_graphs, n_graphs;
+    /* graphs, programmatic dependent launch */
+    int use_graphs, use_pdl, n_graphs;
     graph_t graphs[MAX_GRAPHS];
+    cudaGraphExec_t draft_exec;
     /* drafter (has_drafter == 0: none) */
     int has_drafter;
     fm_drafter_hparams dhp;
@@ -70,8 +79,10 @@ struct fm_cuda_backend {
     fmc_bf16 fc, anchor_proj, head;
     float *anchor_b, *head_b, *hidden_norm, *anchor_norm, *mods, *slot_input, *inv_freq;
     ddlayer_t *DL;
-    float *dx, *dh, *dqkv, *datt, *dy, *du, *dtmp, *dhead, *dlogits;
-    int32_t *dam, *d_anchor;
+    float *dx, *dh, *dqkv, *datt, *du, *dtmp, *dhead, *dlogits;
+    unsigned long long *dam;
+    int32_t *d_anchor;
+    int *d_dpos;
     float *pending; /* [pend_cap][fw] */
     int pend_rows, pend_start, pend_cap;
 };
@@ -80,7 +91,7 @@ struct fm_cuda_backend {
     do {                                                                                                     \
         cudaError_t e_ = (call);                                                                             \
         if (e_ != cudaSuccess) {                                                                             \
-            snprintf(err, errlen, "cuda: %s failed: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__,   \
+            snprintf(err, errlen, "cuda: %s failed: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__,    \
                      __LINE__);                                                                              \
             return -1;                                                                                       \
         }                                                                                                    \
@@ -114,66 +125,92 @@ static int upload_f32(fm_cuda_backend *b, float **dst, const float *src, size_t 
     return 0;
 }
 
-/* Uploads the Q8_0 matrices parts[0..n) stacked by rows into one split-layout matrix. stage: device scratch
- * of stage_bytes. */
-static int upload_q8(fm_cuda_backend *b, fmc_q8 *dst, const fm_matrix *const *parts, int n, void *stage,
-                     size_t stage_bytes, const char *what, char *err, size_t errlen) {
-    int64_t N = 0, K = parts[0]->cols;
+/* Copies the stacked rows of parts[0..n) (GGUF bytes, row_bytes each) into device staging; returns the
+ * staging buffer (freed by the caller) or NULL. */
+static void *stage_parts(const fm_matrix *const *parts, int n, size_t row_bytes, int64_t *N_out, char *err,
+                         size_t errlen) {
+    int64_t N = 0;
+    for (int i = 0; i < n; i++) N += parts[i]->rows;
+    void *stage = NULL;
+    if (cudaMalloc(&stage, (size_t)N * row_bytes) != cudaSuccess) {
+        snprintf(err, errlen, "cuda: out of device memory staging %zu bytes", (size_t)N * row_bytes);
+        return NULL;
+    }
+    int64_t r0 = 0;
+    for (int i = 0; i < n; i++) {
+        if (cudaMemcpy((uint8_t *)stage + (size_t)r0 * row_bytes, parts[i]->data,
+                       (size_t)parts[i]->rows * row_bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+            snprintf(err, errlen, "cuda: upload of weights failed");
+            cudaFree(stage);
+            return NULL;
+        }
+        r0 += parts[i]->rows;
+    }
+    *N_out = N;
+    return stage;
+}
+
+/* Uploads the Q8_0 matrices parts[0..n) stacked by rows into one tiled matrix (glu: [gate; up] of
+ * fmc_q8_glu). */
+static int upload_q8(fm_cuda_backend *b, fmc_q8 *dst, const fm_matrix *const *parts, int n, int glu,
+                     const char *what, char *err, size_t errlen) {
+    const int64_t K = parts[0]->cols;
     for (int i = 0; i < n; i++) {
         if (parts[i]->dtype != FM_DTYPE_Q8_0) {
             snprintf(err, errlen, "cuda: %s is %s; the CUDA backend runs Q8_0 targets only", what,
-                     parts[i]->dtype == FM_DTYPE_F32 ? "f32" : parts[i]->dtype == FM_DTYPE_F16 ? "f16" : "bf16");
+                     parts[i]->dtype == FM_DTYPE_F32   ? "f32"
+                     : parts[i]->dtype == FM_DTYPE_F16 ? "f16"
+                                                       : "bf16");
             return -1;
         }
         if (parts[i]->cols != K || K % 32) return fail(err, errlen, "cuda: Q8_0 parts of different widths");
-        N += parts[i]->rows;
     }
-    int8_t *qs;
-    __half *d;
-    DALLOC(qs, (size_t)N * K);
-    DALLOC(d, (size_t)N * (K / 32) * sizeof(__half));
-    int64_t r0 = 0;
-    for (int i = 0; i < n; i++) {
-        const int64_t rows_per = (int64_t)(stage_bytes / ((size_t)(K / 32) * 34));
-        for (int64_t r = 0; r < parts[i]->rows; r += rows_per) {
-            const int64_t nr = std::min(rows_per, parts[i]->rows - r);
-            const size_t bytes = (size_t)nr * (K / 32) * 34;
-            CK(cudaMemcpy(stage, (const uint8_t *)parts[i]->data + (size_t)r * (K / 32) * 34, bytes,
-                          cudaMemcpyHostToDevice));
-            fmc_repack_q8(stage, nr * (K / 32), qs + (size_t)(r0 + r) * K, d + (size_t)(r0 + r) * (K / 32), 0);
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-        }
-        r0 += parts[i]->rows;
+    int64_t N = 0;
+    void *stage = stage_parts(parts, n, (size_t)(K / 32) * 34, &N, err, errlen);
+    if (!stage) return -1;
+    size_t qb, sb;
+    fmc_q8_bytes((int)N, (int)K, &qb, &sb);
+    int4 *qs;
+    uint32_t *sc;
+    if (dalloc(b, (void **)&qs, qb, err, errlen) || dalloc(b, (void **)&sc, sb, err, errlen)) {
+        cudaFree(stage);
+        return -1;
     }
-    dst->qs = qs;
-    dst->d = d;
-    dst->N = (int)N;
-    dst->K = (int)K;
+    fmc_q8_repack(stage, (int)N, (int)K, glu, qs, sc, dst, 0);
+    const cudaError_t e = cudaDeviceSynchronize();
+    cudaFree(stage);
+    CK(e);
+    CK(cudaGetLastError());
     return 0;
 }
 
-static int upload_bf16(fm_cuda_backend *b, fmc_bf16 *dst, const fm_matrix *const *parts, int n, const char *what,
-                       char *err, size_t errlen) {
-    int64_t N = 0, K = parts[0]->cols;
+static int upload_bf16(fm_cuda_backend *b, fmc_bf16 *dst, const fm_matrix *const *parts, int n,
+                       const char *what, char *err, size_t errlen) {
+    const int64_t K = parts[0]->cols;
     for (int i = 0; i < n; i++) {
         if (parts[i]->dtype != FM_DTYPE_BF16) {
-            snprintf(err, errlen, "cuda: drafter %s is not bf16; the CUDA backend runs BF16 drafters only", what);
+            snprintf(err, errlen, "cuda: drafter %s is not bf16; the CUDA backend runs BF16 drafters only",
+                     what);
             return -1;
         }
-        if (parts[i]->cols != K || K % 8) return fail(err, errlen, "cuda: drafter matrix width not a multiple of 8");
-        N += parts[i]->rows;
+        if (parts[i]->cols != K || K % 16)
+            return fail(err, errlen, "cuda: drafter matrix width not a multiple of 16");
     }
-    __nv_bfloat16 *w;
-    DALLOC(w, (size_t)N * K * 2);
-    int64_t r0 = 0;
-    for (int i = 0; i < n; i++) {
-        CK(cudaMemcpy(w + (size_t)r0 * K, parts[i]->data, (size_t)parts[i]->rows * K * 2, cudaMemcpyHostToDevice));
-        r0 += parts[i]->rows;
+    int64_t N = 0;
+    void *stage = stage_parts(parts, n, (size_t)K * 2, &N, err, errlen);
+    if (!stage) return -1;
+    size_t bytes;
+    fmc_bf16_bytes((int)N, (int)K, &bytes);
+    uint4 *w;
+    if (dalloc(b, (void **)&w, bytes, err, errlen)) {
+        cudaFree(stage);
+        return -1;
     }
-    dst->w = w;
-    dst->N = (int)N;
-    dst->K = (int)K;
+    fmc_bf16_repack(stage, (int)N, (int)K, w, dst, 0);
+    const cudaError_t e = cudaDeviceSynchronize();
+    cudaFree(stage);
+    CK(e);
+    CK(cudaGetLastError());
     return 0;
 }
 
@@ -188,6 +225,9 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
     if (H != b->dim || hp->feat_width != b->fw)
         return fail(err, errlen, "cuda: drafter widths do not match the target's captured features");
     if (H % 32) return fail(err, errlen, "cuda: drafter target_dim must be a multiple of 32");
+    if (d->max_ctx + 1 > FMC_DR_ATT_MAX_L)
+        return fail(err, errlen,
+                    "cuda: drafter context too long for the CUDA cross-attention (40000 positions)");
     b->has_drafter = 1;
     b->dhp = *hp;
     b->dmax_ctx = d->max_ctx;
@@ -219,8 +259,10 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
             upload_bf16(b, &o->cq, cq, 1, "cross q", err, errlen) ||
             upload_bf16(b, &o->ckv, ckv, 2, "cross k/v", err, errlen) ||
             upload_bf16(b, &o->co, co, 1, "cross o", err, errlen) ||
-            upload_bf16(b, &o->fc1, f1, 1, "fc1", err, errlen) || upload_bf16(b, &o->fc2, f2, 1, "fc2", err, errlen) ||
-            upload_opt(b, &o->fc1_b, S->fc1_b, F, err, errlen) || upload_opt(b, &o->fc2_b, S->fc2_b, D, err, errlen) ||
+            upload_bf16(b, &o->fc1, f1, 1, "fc1", err, errlen) ||
+            upload_bf16(b, &o->fc2, f2, 1, "fc2", err, errlen) ||
+            upload_opt(b, &o->fc1_b, S->fc1_b, F, err, errlen) ||
+            upload_opt(b, &o->fc2_b, S->fc2_b, D, err, errlen) ||
             upload_f32(b, &o->sq_norm, S->self.q_norm, hd, err, errlen) ||
             upload_f32(b, &o->sk_norm, S->self.k_norm, hd, err, errlen) ||
             upload_f32(b, &o->cq_norm, S->cross.q_norm, hd, err, errlen) ||
@@ -234,31 +276,34 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
     DALLOC(b->dh, (size_t)R * D * 4);
     DALLOC(b->dqkv, (size_t)R * 3 * D * 4);
     DALLOC(b->datt, (size_t)R * D * 4);
-    DALLOC(b->dy, (size_t)R * D * 4);
     DALLOC(b->du, (size_t)K * F * 4);
     DALLOC(b->dtmp, (size_t)H * 4);
     DALLOC(b->dhead, (size_t)K * H * 4);
     DALLOC(b->dlogits, (size_t)K * b->vocab * 4);
-    DALLOC(b->dam, (size_t)K * 4);
+    DALLOC(b->dam, (size_t)K * 8);
     DALLOC(b->d_anchor, 4);
+    DALLOC(b->d_dpos, 4);
     b->pend_cap = b->max_eval + DRAFT_ROWS;
     DALLOC(b->pending, (size_t)b->pend_cap * b->fw * 4);
     return 0;
 }
 
+/* The kernels use the int8 / bf16 tensor-core shapes of compute capability 8.0 and later. */
 extern "C" int fm_cuda_available(void) {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    int n = 0, major = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= 8;
 }
 
-static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, int max_eval, const int *capture,
-                         int n_capture, char *err, size_t errlen) {
+static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, int max_eval,
+                         const int *capture, int n_capture, char *err, size_t errlen) {
     const qwen3_hparams *hp = &m->hp;
     b->n_layers = hp->n_layers, b->dim = hp->dim, b->n_heads = hp->n_heads, b->n_kv = hp->n_kv_heads;
     b->hd = hp->head_dim, b->ffn = hp->ffn, b->vocab = hp->vocab, b->eps = hp->rms_eps;
     b->q_dim = b->n_heads * b->hd, b->kv_dim = b->n_kv * b->hd;
     b->n_ctx = n_ctx, b->max_eval = max_eval, b->n_capture = n_capture, b->fw = n_capture * b->dim;
-    if (b->hd > 256 || b->hd % 2) return fail(err, errlen, "cuda: head_dim must be even and at most 256");
+    if (b->hd > 256 || b->hd % 32)
+        return fail(err, errlen, "cuda: head_dim must be a multiple of 32, at most 256");
     if (b->dim % 32 || b->q_dim % 32 || b->ffn % 32)
         return fail(err, errlen, "cuda: dim, heads*head_dim and ffn must be multiples of 32");
     b->cap_slot = (int *)malloc(sizeof(int) * b->n_layers);
@@ -269,17 +314,13 @@ static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, in
             return fail(err, errlen, "cuda: a capture layer does not exist in the target");
         b->cap_slot[capture[i]] = i;
     }
-    /* Staging for the raw GGUF blocks: 64 MiB at a time. */
-    void *stage;
-    const size_t stage_bytes = (size_t)64 << 20;
-    CK(cudaMalloc(&stage, stage_bytes));
     int rc = 0;
     const fm_matrix *p[3];
     p[0] = &m->tok_embd;
-    rc = upload_q8(b, &b->tok, p, 1, stage, stage_bytes, "token_embd.weight", err, errlen);
+    rc = upload_q8(b, &b->tok, p, 1, 0, "token_embd.weight", err, errlen);
     if (!rc && m->output.data != m->tok_embd.data) {
         p[0] = &m->output;
-        rc = upload_q8(b, &b->out, p, 1, stage, stage_bytes, "output.weight", err, errlen);
+        rc = upload_q8(b, &b->out, p, 1, 0, "output.weight", err, errlen);
     } else if (!rc)
         b->out = b->tok;
     b->L = (dlayer_t *)calloc(b->n_layers, sizeof(dlayer_t));
@@ -287,18 +328,17 @@ static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, in
     for (int l = 0; l < b->n_layers && !rc; l++) {
         const qwen3_layer *S = &m->layers[l];
         dlayer_t *o = &b->L[l];
-        const fm_matrix *qkv[3] = {&S->wq, &S->wk, &S->wv}, *wo[1] = {&S->wo}, *gu[2] = {&S->w_gate, &S->w_up},
-                        *dn[1] = {&S->w_down};
-        rc = upload_q8(b, &o->qkv, qkv, 3, stage, stage_bytes, "attn_q/k/v", err, errlen) ||
-             upload_q8(b, &o->wo, wo, 1, stage, stage_bytes, "attn_output", err, errlen) ||
-             upload_q8(b, &o->gu, gu, 2, stage, stage_bytes, "ffn_gate/up", err, errlen) ||
-             upload_q8(b, &o->down, dn, 1, stage, stage_bytes, "ffn_down", err, errlen) ||
+        const fm_matrix *qkv[3] = {&S->wq, &S->wk, &S->wv}, *wo[1] = {&S->wo},
+                        *gu[2] = {&S->w_gate, &S->w_up}, *dn[1] = {&S->w_down};
+        rc = upload_q8(b, &o->qkv, qkv, 3, 0, "attn_q/k/v", err, errlen) ||
+             upload_q8(b, &o->wo, wo, 1, 0, "attn_output", err, errlen) ||
+             upload_q8(b, &o->gu, gu, 2, 1, "ffn_gate/up", err, errlen) ||
+             upload_q8(b, &o->down, dn, 1, 0, "ffn_down", err, errlen) ||
              upload_f32(b, &o->attn_norm, S->attn_norm, b->dim, err, errlen) ||
              upload_f32(b, &o->q_norm, S->q_norm, b->hd, err, errlen) ||
              upload_f32(b, &o->k_norm, S->k_norm, b->hd, err, errlen) ||
              upload_f32(b, &o->ffn_norm, S->ffn_norm, b->dim, err, errlen);
     }
-    cudaFree(stage);
     if (rc) return -1;
     if (upload_f32(b, &b->out_norm, m->output_norm, b->dim, err, errlen)) return -1;
     /* RoPE table as the CPU builds it: double angle, rounded once. */
@@ -323,18 +363,19 @@ static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, in
     DALLOC(b->x, (size_t)R * b->dim * 4);
     DALLOC(b->qkv, (size_t)R * (b->q_dim + 2 * b->kv_dim) * 4);
     DALLOC(b->q, (size_t)R * b->q_dim * 4);
-    DALLOC(b->att, (size_t)R * b->q_dim * 4);
-    DALLOC(b->gu, (size_t)R * 2 * b->ffn * 4);
     DALLOC(b->feat, (size_t)R * (b->fw ? b->fw : 1) * 4);
     DALLOC(b->logits, (size_t)R * b->vocab * 4);
     DALLOC(b->part, (size_t)R * b->n_heads * b->max_splits * (b->hd + 2) * 4);
-    DALLOC(b->xq, (size_t)R * b->maxK);
-    DALLOC(b->xd, (size_t)R * (b->maxK / 32) * 4);
+    const size_t R8 = (size_t)(R + 7) / 8 * 8; /* quantised activations come in groups of 8 tokens */
+    DALLOC(b->xq0, R8 * b->maxK);
+    DALLOC(b->xd0, R8 * (b->maxK / 32) * 4);
+    DALLOC(b->xq1, R8 * b->maxK);
+    DALLOC(b->xd1, R8 * (b->maxK / 32) * 4);
     DALLOC(b->d_ids, (size_t)R * 4);
-    DALLOC(b->d_argmax, (size_t)R * 4);
+    DALLOC(b->d_am, (size_t)R * 8);
     DALLOC(b->d_pos, 4);
     CK(cudaMallocHost(&b->h_ids, (size_t)R * 4));
-    CK(cudaMallocHost(&b->h_argmax, (size_t)R * 4));
+    CK(cudaMallocHost(&b->h_am, (size_t)R * 8));
     CK(cudaMallocHost(&b->h_pos, 4));
     return 0;
 }
@@ -343,11 +384,12 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     if (!b) return;
     if (b->st) cudaStreamSynchronize(b->st);
     for (int i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graphs[i].exec);
+    if (b->draft_exec) cudaGraphExecDestroy(b->draft_exec);
     if (b->allocs)
         for (void *p : *b->allocs) cudaFree(p);
     delete b->allocs;
     if (b->h_ids) cudaFreeHost(b->h_ids);
-    if (b->h_argmax) cudaFreeHost(b->h_argmax);
+    if (b->h_am) cudaFreeHost(b->h_am);
     if (b->h_pos) cudaFreeHost(b->h_pos);
     if (b->st) cudaStreamDestroy(b->st);
     free(b->cap_slot);
@@ -356,23 +398,76 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     free(b);
 }
 
+/* Every product's split list, for the shared split-K scratch. */
+static int splits(fm_cuda_backend *b, fmc_split **out, int *N) {
+    int n = 0;
+    out[n] = &b->out.sp, N[n++] = b->out.N;
+    for (int l = 0; l < b->n_layers; l++) {
+        dlayer_t *L = &b->L[l];
+        out[n] = &L->qkv.sp, N[n++] = L->qkv.N;
+        out[n] = &L->wo.sp, N[n++] = L->wo.N;
+        out[n] = &L->gu.sp, N[n++] = L->gu.N;
+        out[n] = &L->down.sp, N[n++] = L->down.N;
+    }
+    if (b->has_drafter) {
+        fmc_bf16 *m[3] = {&b->fc, &b->anchor_proj, &b->head};
+        for (int i = 0; i < 3; i++) out[n] = &m[i]->sp, N[n++] = m[i]->N;
+        for (int l = 0; l < b->dhp.n_layers; l++) {
+            ddlayer_t *L = &b->DL[l];
+            fmc_bf16 *d[7] = {&L->sqkv, &L->so, &L->cq, &L->ckv, &L->co, &L->fc1, &L->fc2};
+            for (int i = 0; i < 7; i++) out[n] = &d[i]->sp, N[n++] = d[i]->N;
+        }
+    }
+    return n;
+}
+
+/* One split-K scratch and one set of arrival counters (zero) for all products: they run one at a time. */
+static int attach_scratch(fm_cuda_backend *b, char *err, size_t errlen) {
+    const int cap = 1 + 4 * b->n_layers + (b->has_drafter ? 3 + 7 * b->dhp.n_layers : 0);
+    std::vector<fmc_split *> sp(cap);
+    std::vector<int> N(cap);
+    const int n = splits(b, sp.data(), N.data());
+    size_t part = 1;
+    int cnt = 1;
+    for (int i = 0; i < n; i++) {
+        size_t p;
+        int c;
+        fmc_split_scratch(sp[i], N[i], &p, &c);
+        part = std::max(part, p);
+        cnt = std::max(cnt, c);
+    }
+    DALLOC(b->gemm_part, part * 4);
+    DALLOC(b->gemm_cnt, (size_t)cnt * 4);
+    CK(cudaMemset(b->gemm_cnt, 0, (size_t)cnt * 4));
+    for (int i = 0; i < n; i++) sp[i]->part = b->gemm_part, sp[i]->cnt = b->gemm_cnt;
+    return 0;
+}
+
 extern "C" int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d, int n_ctx, int max_eval,
                                       const int *capture, int n_capture, fm_cuda_backend **out, char *err,
                                       size_t errlen) {
     *out = NULL;
     if (!fm_cuda_available()) return fail(err, errlen, "cuda: no usable CUDA device");
-    if (n_ctx < 1 || n_ctx > (1 << 20)) return fail(err, errlen, "cuda: context size out of range (1 .. 1048576)");
-    if (max_eval < 1 || max_eval > 8192) return fail(err, errlen, "cuda: batch size out of range (1 .. 8192)");
+    if (fmc_init()) return fail(err, errlen, "cuda: kernel setup failed (shared-memory limits)");
+    if (n_ctx < 1 || n_ctx > (1 << 20))
+        return fail(err, errlen, "cuda: context size out of range (1 .. 1048576)");
+    if (max_eval < 1 || max_eval > 8192)
+        return fail(err, errlen, "cuda: batch size out of range (1 .. 8192)");
     if (d && n_capture < 1) return fail(err, errlen, "cuda: a drafter needs captured target layers");
     fm_cuda_backend *b = (fm_cuda_backend *)calloc(1, sizeof *b);
     if (!b) return fail(err, errlen, "out of memory");
     b->allocs = new std::vector<void *>();
     b->use_graphs = 1;
+    b->use_pdl = 1;
     b->rows_cap = std::max(max_eval, d ? d->hp.block : 1);
     if (cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking) != cudaSuccess ||
         create_target(b, m, n_ctx, max_eval, capture, n_capture, err, errlen) ||
         (d && create_drafter(b, d, err, errlen))) {
         if (!err[0]) snprintf(err, errlen, "cuda: stream creation failed");
+        fm_cuda_backend_free(b);
+        return -1;
+    }
+    if (attach_scratch(b, err, errlen)) {
         fm_cuda_backend_free(b);
         return -1;
     }
@@ -382,31 +477,57 @@ extern "C" int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d,
 
 /* ---- the target forward: a fixed kernel sequence for T rows (graph-capturable) ---- */
 
+/* Per layer: [RMSNorm + quantise + qkv] -> [q/k norm, RoPE, KV write] -> [attention splits] -> [merge +
+ * quantise] -> [wo, += x] -> [RMSNorm + quantise + gate/up + SiLU * up + quantise] -> [down, += x (and the
+ * captured copy)]: 7 kernels for a step (the RMSNorm + quantise run as the products' prologue), 9 for more
+ * rows (then as kernels of their own, same code). */
 static void target_forward(fm_cuda_backend *b, int T, int mode) {
     cudaStream_t s = b->st;
-    const int dim = b->dim, qkvw = b->q_dim + 2 * b->kv_dim;
+    const int dim = b->dim, qkvw = b->q_dim + 2 * b->kv_dim, pdl = b->use_pdl && T <= 32;
+    const int first = mode == MODE_LAST ? T - 1 : 0, rows = T - first;
+    if (mode != MODE_NONE) cudaMemsetAsync(b->d_am, 0, (size_t)rows * 8, s);
     fmc_embed_q8(&b->tok, b->d_ids, T, b->x, s);
+    const fmc_q8_in xq_in = {b->xq1, b->xd1, NULL, 0, NULL, 0.f};
     for (int l = 0; l < b->n_layers; l++) {
         const dlayer_t *L = &b->L[l];
         __half *kc = b->kc + (size_t)l * b->n_ctx * b->kv_dim, *vc = b->vc + (size_t)l * b->n_ctx * b->kv_dim;
-        fmc_norm_quant(b->x, dim, L->attn_norm, b->eps, T, dim, b->xq, b->xd, s);
-        fmc_gemv_q8(&L->qkv, b->xq, b->xd, T, b->qkv, qkvw, 0, s);
-        fmc_qk_norm_rope_kv(b->qkv, T, b->n_heads, b->n_kv, b->hd, L->q_norm, L->k_norm, b->eps, b->rope, b->d_pos,
-                            b->q, kc, vc, s);
-        fmc_attention(b->q, T, b->n_heads, b->n_kv, b->hd, kc, vc, b->d_pos, b->max_splits, b->part, b->att, s);
-        fmc_norm_quant(b->att, b->q_dim, NULL, 0.f, T, b->q_dim, b->xq, b->xd, s);
-        fmc_gemv_q8(&L->wo, b->xq, b->xd, T, b->x, dim, 1, s);
-        fmc_norm_quant(b->x, dim, L->ffn_norm, b->eps, T, dim, b->xq, b->xd, s);
-        fmc_gemv_q8(&L->gu, b->xq, b->xd, T, b->gu, 2 * b->ffn, 0, s);
-        fmc_silu_mul_quant(b->gu, T, b->ffn, b->xq, b->xd, s);
-        fmc_gemv_q8(&L->down, b->xq, b->xd, T, b->x, dim, 1, s);
-        if (b->cap_slot[l] >= 0) fmc_copy_rows(b->x, dim, b->feat + (size_t)b->cap_slot[l] * dim, b->fw, T, dim, s);
+        const fmc_q8_in attn_in = {b->xq0, b->xd0, b->x, dim, L->attn_norm, b->eps};
+        fmc_q8_matmul(&L->qkv, &attn_in, T, b->qkv, qkvw, 0, NULL, 0, pdl, s);
+        fmc_qk_norm_rope_kv(b->qkv, T, b->n_heads, b->n_kv, b->hd, L->q_norm, L->k_norm, b->eps, b->rope,
+                            b->d_pos, b->q, kc, vc, pdl, s);
+        fmc_attention_quant(b->q, T, b->n_heads, b->n_kv, b->hd, kc, vc, b->d_pos, b->max_splits, b->part,
+                            b->xq1, b->xd1, pdl, s);
+        fmc_q8_matmul(&L->wo, &xq_in, T, b->x, dim, 1, NULL, 0, pdl, s);
+        const fmc_q8_in ffn_in = {b->xq0, b->xd0, b->x, dim, L->ffn_norm, b->eps};
+        fmc_q8_glu(&L->gu, &ffn_in, T, b->xq1, b->xd1, pdl, s);
+        float *cap = b->cap_slot[l] >= 0 ? b->feat + (size_t)b->cap_slot[l] * dim : NULL;
+        fmc_q8_matmul(&L->down, &xq_in, T, b->x, dim, 1, cap, b->fw, pdl, s);
     }
     if (mode == MODE_NONE) return;
-    const int first = mode == MODE_LAST ? T - 1 : 0, rows = T - first;
-    fmc_norm_quant(b->x + (size_t)first * dim, dim, b->out_norm, b->eps, rows, dim, b->xq, b->xd, s);
-    fmc_gemv_q8(&b->out, b->xq, b->xd, rows, b->logits, b->vocab, 0, s);
-    fmc_argmax(b->logits, rows, b->vocab, b->d_argmax, s);
+    const fmc_q8_in out_in = {b->xq0, b->xd0, b->x + (size_t)first * dim, dim, b->out_norm, b->eps};
+    fmc_q8_matmul(&b->out, &out_in, rows, b->logits, b->vocab, 0, NULL, 0, pdl, s);
+    fmc_argmax(b->logits, rows, b->vocab, b->d_am, pdl, s);
+}
+
+static void drop_graphs(fm_cuda_backend *b) {
+    cudaStreamSynchronize(b->st);
+    for (int i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graphs[i].exec);
+    b->n_graphs = 0;
+    if (b->draft_exec) cudaGraphExecDestroy(b->draft_exec);
+    b->draft_exec = NULL;
+}
+
+/* Captures fn(b, T, mode) into an executable graph. */
+static int capture(fm_cuda_backend *b, void (*fn)(fm_cuda_backend *, int, int), int T, int mode,
+                   cudaGraphExec_t *out, char *err, size_t errlen) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
+    fn(b, T, mode);
+    CK(cudaStreamEndCapture(b->st, &g));
+    const cudaError_t e = cudaGraphInstantiate(out, g, 0);
+    cudaGraphDestroy(g);
+    CK(e);
+    return 0;
 }
 
 static int run_forward(fm_cuda_backend *b, int T, int mode, char *err, size_t errlen) {
@@ -420,14 +541,8 @@ static int run_forward(fm_cuda_backend *b, int T, int mode, char *err, size_t er
             CK(cudaGraphLaunch(b->graphs[i].exec, b->st));
             return 0;
         }
-    cudaGraph_t g;
-    CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
-    target_forward(b, T, mode);
-    CK(cudaStreamEndCapture(b->st, &g));
     cudaGraphExec_t ge;
-    cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
-    cudaGraphDestroy(g);
-    CK(e);
+    if (capture(b, target_forward, T, mode, &ge, err, errlen)) return -1;
     if (b->n_graphs < MAX_GRAPHS) b->graphs[b->n_graphs++] = (graph_t){T, mode, ge};
     CK(cudaGraphLaunch(ge, b->st));
     if (b->n_graphs == MAX_GRAPHS && b->graphs[MAX_GRAPHS - 1].exec != ge) {
@@ -437,9 +552,12 @@ static int run_forward(fm_cuda_backend *b, int T, int mode, char *err, size_t er
     return 0;
 }
 
-static int cu_pos(void *ctx) { return ((fm_cuda_backend *)ctx)->pos; }
+static int cu_pos(void *ctx) {
+    return ((fm_cuda_backend *)ctx)->pos;
+}
 
-static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err, size_t errlen) {
+static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err,
+                   size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (n < 1 || n > b->max_eval) {
         snprintf(err, errlen, "cuda: a forward of %d tokens exceeds the batch size %d", n, b->max_eval);
@@ -460,9 +578,10 @@ static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *
     CK(cudaMemcpyAsync(b->d_pos, b->h_pos, 4, cudaMemcpyHostToDevice, b->st));
     const int mode = !argmax ? MODE_NONE : all_rows ? MODE_ALL : MODE_LAST, rows = mode == MODE_ALL ? n : 1;
     if (run_forward(b, n, mode, err, errlen)) return -1;
-    if (argmax) CK(cudaMemcpyAsync(b->h_argmax, b->d_argmax, (size_t)rows * 4, cudaMemcpyDeviceToHost, b->st));
+    if (argmax) CK(cudaMemcpyAsync(b->h_am, b->d_am, (size_t)rows * 8, cudaMemcpyDeviceToHost, b->st));
     CK(cudaStreamSynchronize(b->st));
-    if (argmax) memcpy(argmax, b->h_argmax, (size_t)rows * 4);
+    if (argmax)
+        for (int i = 0; i < rows; i++) argmax[i] = fmc_argmax_index(b->h_am[i]);
     b->pos += n;
     b->last_rows = n;
     b->last_logit_rows = argmax ? rows : 0;
@@ -478,7 +597,9 @@ static void cu_rewind(void *ctx, int pos) {
 
 /* ---- drafter ---- */
 
-static const float *mod_at(const fm_cuda_backend *b, int idx) { return b->mods + (size_t)idx * 3 * b->dhp.dim; }
+static const float *mod_at(const fm_cuda_backend *b, int idx) {
+    return b->mods + (size_t)idx * 3 * b->dhp.dim;
+}
 
 /* Context rows start .. start+n-1 from device feature rows src [n][fw]. */
 static int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start, char *err, size_t errlen) {
@@ -492,13 +613,14 @@ static int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start
     cudaStream_t s = b->st;
     for (int c = 0; c < n; c += DRAFT_ROWS) {
         const int T = std::min((int)DRAFT_ROWS, n - c), p0 = start + c;
-        fmc_gemv_bf16(&b->fc, src + (size_t)c * b->fw, T, b->dx, D, NULL, 0, s);
+        fmc_bf16_matmul(&b->fc, src + (size_t)c * b->fw, b->fw, T, b->dx, D, NULL, FMC_BF16_STORE, NULL, 0,
+                        s);
         fmc_rmsnorm_rows(b->dx, b->hidden_norm, T, D, hp->rms_eps, b->dh, s);
         for (int l = 0; l < hp->n_layers; l++) {
             const ddlayer_t *L = &b->DL[l];
-            fmc_gemv_bf16(&L->ckv, b->dh, T, b->dqkv, 2 * D, NULL, 0, s);
-            fmc_dr_norm_rope(b->dqkv, 2 * D, T, hp->n_heads, hp->head_dim, L->ck_norm, hp->qk_eps, p0, b->inv_freq,
-                             b->dqkv + D, L->kc, L->vc, s);
+            fmc_bf16_matmul(&L->ckv, b->dh, D, T, b->dqkv, 2 * D, NULL, FMC_BF16_STORE, NULL, 0, s);
+            fmc_dr_norm_rope(b->dqkv, 2 * D, T, hp->n_heads, hp->head_dim, L->ck_norm, hp->qk_eps, NULL, p0,
+                             b->inv_freq, b->dqkv + D, L->kc, L->vc, s);
         }
     }
     CK(cudaGetLastError());
@@ -515,7 +637,8 @@ static int flush(fm_cuda_backend *b, char *err, size_t errlen) {
 static int cu_commit_features(void *ctx, int n, int start, char *err, size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (!b->has_drafter || n <= 0) return 0;
-    if (n > b->last_rows) return fail(err, errlen, "cuda: commit of more feature rows than the last eval made");
+    if (n > b->last_rows)
+        return fail(err, errlen, "cuda: commit of more feature rows than the last eval made");
     if (b->pend_rows && (b->pend_start + b->pend_rows != start || b->pend_rows + n > b->pend_cap) &&
         flush(b, err, errlen))
         return -1;
@@ -526,12 +649,70 @@ static int cu_commit_features(void *ctx, int n, int start, char *err, size_t err
     return 0;
 }
 
+/* The draft from the anchor (*d_anchor) at position *d_dpos: a fixed kernel sequence (graph-capturable). A
+ * product whose input was written by the kernel just before it may use PDL; the cross K/V products of
+ * layers >= 1 read dh written several kernels back, so they launch plainly. */
+static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
+    (void)unused_T, (void)unused_mode;
+    const fm_drafter_hparams *hp = &b->dhp;
+    const int K = hp->block, D = hp->dim, H = hp->target_dim, nh = hp->n_heads, hd = hp->head_dim;
+    const int pdl = b->use_pdl;
+    cudaStream_t s = b->st;
+    cudaMemsetAsync(b->dam, 0, (size_t)K * 8, s);
+    /* 1. The anchor's context slot at pos. */
+    fmc_embed_q8(&b->tok, b->d_anchor, 1, b->dtmp, s);
+    fmc_bf16_matmul(&b->anchor_proj, b->dtmp, H, 1, b->dx, D, b->anchor_b, FMC_BF16_STORE, NULL, pdl, s);
+    fmc_rmsnorm_rows(b->dx, b->anchor_norm, 1, D, hp->rms_eps, b->dh, s);
+    for (int l = 0; l < hp->n_layers; l++) {
+        const ddlayer_t *L = &b->DL[l];
+        fmc_bf16_matmul(&L->ckv, b->dh, D, 1, b->dqkv, 2 * D, NULL, FMC_BF16_STORE, NULL, pdl && l == 0, s);
+        fmc_dr_norm_rope(b->dqkv, 2 * D, 1, nh, hd, L->ck_norm, hp->qk_eps, b->d_dpos, 0, b->inv_freq,
+                         b->dqkv + D, L->kc, L->vc, s);
+    }
+    /* 2. Slots at pos+1 .. pos+K from slot_input. 3. The layers. */
+    fmc_broadcast_row(b->slot_input, K, D, b->dx, s);
+    for (int l = 0; l < hp->n_layers; l++) {
+        const ddlayer_t *L = &b->DL[l];
+        const float *m = mod_at(b, l * 3 + 0);
+        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
+        fmc_bf16_matmul(&L->sqkv, b->dh, D, K, b->dqkv, 3 * D, NULL, FMC_BF16_STORE, NULL, pdl, s);
+        fmc_dr_norm_rope(b->dqkv, 3 * D, K, nh, hd, L->sq_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL,
+                         NULL, NULL, s);
+        fmc_dr_norm_rope(b->dqkv + D, 3 * D, K, nh, hd, L->sk_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq,
+                         NULL, NULL, NULL, s);
+        fmc_dr_attention(b->dqkv, 3 * D, K, b->dqkv + D, b->dqkv + 2 * D, 3 * D, NULL, NULL, NULL, K, K, nh,
+                         hd, b->datt, s);
+        fmc_bf16_matmul(&L->so, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl, s);
+
+        m = mod_at(b, l * 3 + 1);
+        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
+        fmc_bf16_matmul(&L->cq, b->dh, D, K, b->dqkv, D, NULL, FMC_BF16_STORE, NULL, pdl, s);
+        fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL, NULL,
+                         NULL, s);
+        fmc_dr_attention(b->dqkv, D, K, NULL, NULL, 0, L->kc, L->vc, b->d_dpos, 1, b->dmax_ctx, nh, hd,
+                         b->datt, s);
+        fmc_bf16_matmul(&L->co, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl, s);
+
+        m = mod_at(b, l * 3 + 2);
+        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
+        fmc_bf16_matmul(&L->fc1, b->dh, D, K, b->du, hp->ffn, L->fc1_b, FMC_BF16_GELU, NULL, pdl, s);
+        fmc_bf16_matmul(&L->fc2, b->du, hp->ffn, K, b->dx, D, L->fc2_b, FMC_BF16_GATE_ADD, m + 2 * D, pdl, s);
+    }
+    /* 4. Final AdaLN -> head -> the target's lm_head (Q8_0, activations quantised as the CPU does) -> argmax.
+     */
+    const float *fm = mod_at(b, hp->n_layers * 3);
+    fmc_ln_mod_rows(b->dx, fm, fm + D, K, D, hp->ln_eps, b->dh, s);
+    fmc_bf16_matmul(&b->head, b->dh, D, K, b->dhead, H, b->head_b, FMC_BF16_STORE, NULL, pdl, s);
+    const fmc_q8_in head_in = {b->xq0, b->xd0, b->dhead, H, NULL, 0.f};
+    fmc_q8_matmul(&b->out, &head_in, K, b->dlogits, b->vocab, 0, NULL, 0, pdl, s);
+    fmc_argmax(b->dlogits, K, b->vocab, b->dam, pdl, s);
+}
+
 static int cu_draft(void *ctx, int32_t anchor, int pos, int32_t *out, char *err, size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (!b->has_drafter) return fail(err, errlen, "no drafter loaded");
     if (flush(b, err, errlen)) return -1;
-    const fm_drafter_hparams *hp = &b->dhp;
-    const int K = hp->block, D = hp->dim, H = hp->target_dim, nh = hp->n_heads, hd = hp->head_dim;
+    const int K = b->dhp.block;
     if (anchor < 0 || anchor >= b->vocab) {
         snprintf(err, errlen, "drafter: anchor token %d outside the vocabulary of %d", (int)anchor, b->vocab);
         return -1;
@@ -542,58 +723,19 @@ static int cu_draft(void *ctx, int32_t anchor, int pos, int32_t *out, char *err,
         return -1;
     }
     cudaStream_t s = b->st;
-    /* 1. The anchor's context slot at pos. */
     b->h_ids[0] = anchor;
+    *b->h_pos = pos;
     CK(cudaMemcpyAsync(b->d_anchor, b->h_ids, 4, cudaMemcpyHostToDevice, s));
-    fmc_embed_q8(&b->tok, b->d_anchor, 1, b->dtmp, s);
-    fmc_gemv_bf16(&b->anchor_proj, b->dtmp, 1, b->dx, D, b->anchor_b, 0, s);
-    fmc_rmsnorm_rows(b->dx, b->anchor_norm, 1, D, hp->rms_eps, b->dh, s);
-    for (int l = 0; l < hp->n_layers; l++) {
-        const ddlayer_t *L = &b->DL[l];
-        fmc_gemv_bf16(&L->ckv, b->dh, 1, b->dqkv, 2 * D, NULL, 0, s);
-        fmc_dr_norm_rope(b->dqkv, 2 * D, 1, nh, hd, L->ck_norm, hp->qk_eps, pos, b->inv_freq, b->dqkv + D, L->kc,
-                         L->vc, s);
-    }
-    /* 2. Slots at pos+1 .. pos+K from slot_input. 3. The layers. */
-    fmc_broadcast_row(b->slot_input, K, D, b->dx, s);
-    for (int l = 0; l < hp->n_layers; l++) {
-        const ddlayer_t *L = &b->DL[l];
-        const float *m = mod_at(b, l * 3 + 0);
-        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
-        fmc_gemv_bf16(&L->sqkv, b->dh, K, b->dqkv, 3 * D, NULL, 0, s);
-        fmc_dr_norm_rope(b->dqkv, 3 * D, K, nh, hd, L->sq_norm, hp->qk_eps, pos + 1, b->inv_freq, NULL, NULL, NULL, s);
-        fmc_dr_norm_rope(b->dqkv + D, 3 * D, K, nh, hd, L->sk_norm, hp->qk_eps, pos + 1, b->inv_freq, NULL, NULL, NULL,
-                         s);
-        fmc_dr_attention(b->dqkv, 3 * D, K, b->dqkv + D, b->dqkv + 2 * D, 3 * D, NULL, NULL, K, nh, hd, b->datt, s);
-        fmc_gemv_bf16(&L->so, b->datt, K, b->dy, D, NULL, 0, s);
-        fmc_gate_add(b->dx, b->dy, m + 2 * D, K, D, s);
-
-        m = mod_at(b, l * 3 + 1);
-        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
-        fmc_gemv_bf16(&L->cq, b->dh, K, b->dqkv, D, NULL, 0, s);
-        fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, hp->qk_eps, pos + 1, b->inv_freq, NULL, NULL, NULL, s);
-        fmc_dr_attention(b->dqkv, D, K, NULL, NULL, 0, L->kc, L->vc, pos + 1, nh, hd, b->datt, s);
-        fmc_gemv_bf16(&L->co, b->datt, K, b->dy, D, NULL, 0, s);
-        fmc_gate_add(b->dx, b->dy, m + 2 * D, K, D, s);
-
-        m = mod_at(b, l * 3 + 2);
-        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
-        fmc_gemv_bf16(&L->fc1, b->dh, K, b->du, hp->ffn, L->fc1_b, 0, s);
-        fmc_gelu(b->du, (int64_t)K * hp->ffn, s);
-        fmc_gemv_bf16(&L->fc2, b->du, K, b->dy, D, L->fc2_b, 0, s);
-        fmc_gate_add(b->dx, b->dy, m + 2 * D, K, D, s);
-    }
-    /* 4. Final AdaLN -> head -> the target's lm_head (Q8_0, activations quantised as the CPU does) -> argmax. */
-    const float *fm = mod_at(b, hp->n_layers * 3);
-    fmc_ln_mod_rows(b->dx, fm, fm + D, K, D, hp->ln_eps, b->dh, s);
-    fmc_gemv_bf16(&b->head, b->dh, K, b->dhead, H, b->head_b, 0, s);
-    fmc_norm_quant(b->dhead, H, NULL, 0.f, K, H, b->xq, b->xd, s);
-    fmc_gemv_q8(&b->out, b->xq, b->xd, K, b->dlogits, b->vocab, 0, s);
-    fmc_argmax(b->dlogits, K, b->vocab, b->dam, s);
+    CK(cudaMemcpyAsync(b->d_dpos, b->h_pos, 4, cudaMemcpyHostToDevice, s));
+    if (b->use_graphs) {
+        if (!b->draft_exec && capture(b, draft_forward, 0, 0, &b->draft_exec, err, errlen)) return -1;
+        CK(cudaGraphLaunch(b->draft_exec, s));
+    } else
+        draft_forward(b, 0, 0);
     CK(cudaGetLastError());
-    CK(cudaMemcpyAsync(b->h_argmax, b->dam, (size_t)K * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(b->h_am, b->dam, (size_t)K * 8, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
-    memcpy(out, b->h_argmax, (size_t)K * 4);
+    for (int k = 0; k < K; k++) out[k] = fmc_argmax_index(b->h_am[k]);
     return 0;
 }
 
@@ -626,7 +768,9 @@ extern "C" fm_decode_backend fm_cuda_backend_ops(fm_cuda_backend *b) {
 
 extern "C" int fm_cuda_debug_logits(fm_cuda_backend *b, float *out, int rows) {
     if (rows > b->last_logit_rows) return -1;
-    return cudaMemcpy(out, b->logits, (size_t)rows * b->vocab * 4, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+    return cudaMemcpy(out, b->logits, (size_t)rows * b->vocab * 4, cudaMemcpyDeviceToHost) == cudaSuccess
+               ? 0
+               : -1;
 }
 
 extern "C" int fm_cuda_debug_features(fm_cuda_backend *b, float *out, int rows) {
@@ -642,50 +786,18 @@ extern "C" int fm_cuda_debug_draft_head(fm_cuda_backend *b, float *out) {
                : -1;
 }
 
-extern "C" void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on) { b->use_graphs = on; }
-
-extern "C" double fm_cuda_debug_copy_bandwidth(size_t bytes, int reps) {
-    void *a = NULL, *c = NULL;
-    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&c, bytes) != cudaSuccess) {
-        cudaFree(a);
-        return 0;
-    }
-    cudaMemset(a, 1, bytes);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    std::vector<float> ms;
-    for (int i = 0; i < reps + 2; i++) {
-        cudaEventRecord(e0);
-        cudaMemcpy(c, a, bytes, cudaMemcpyDeviceToDevice);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float t = 0;
-        cudaEventElapsedTime(&t, e0, e1);
-        if (i >= 2) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(c);
-    return ms.empty() ? 0 : 2.0 * (double)bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
+extern "C" void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on) {
+    b->use_graphs = on;
 }
 
-extern "C" void fm_cuda_debug_device_name(char *buf, size_t len) {
-    cudaDeviceProp p;
-    int drv = 0, rt = 0;
-    cudaDriverGetVersion(&drv);
-    cudaRuntimeGetVersion(&rt);
-    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) {
-        snprintf(buf, len, "no device");
-        return;
-    }
-    snprintf(buf, len, "%s (%d SMs, %.1f GiB, CUDA driver API %d, runtime %d)", p.name, p.multiProcessorCount,
-             (double)p.totalGlobalMem / (1 << 30), drv, rt);
+extern "C" void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on) {
+    drop_graphs(b);
+    b->use_pdl = on;
 }
 
-static uint64_t q8_bytes(const fmc_q8 *w) { return (uint64_t)w->N * w->K + (uint64_t)w->N * (w->K / 32) * 2; }
+static uint64_t q8_bytes(const fmc_q8 *w) {
+    return (uint64_t)w->N * w->K + (uint64_t)w->N * (w->K / 32) * 2;
+}
 
 extern "C" uint64_t fm_cuda_debug_step_bytes(const fm_cuda_backend *b) {
     uint64_t s = q8_bytes(&b->out);
@@ -694,4 +806,79 @@ extern "C" uint64_t fm_cuda_debug_step_bytes(const fm_cuda_backend *b) {
     return s;
 }
 
-extern "C" void fm_cuda_debug_sync(void) { cudaDeviceSynchronize(); }
+/* One launch of kernel group `which` for layer l (or the lm_head) on T rows, as the forward issues it. */
+static void time_one(fm_cuda_backend *b, int which, int l, int T, int pdl) {
+    cudaStream_t s = b->st;
+    const dlayer_t *L = &b->L[l];
+    const fmc_q8_in xq_in = {b->xq1, b->xd1, NULL, 0, NULL, 0.f};
+    const fmc_q8_in x_in = {b->xq0, b->xd0, b->x, b->dim, L->attn_norm, b->eps};
+    __half *kc = b->kc + (size_t)l * b->n_ctx * b->kv_dim, *vc = b->vc + (size_t)l * b->n_ctx * b->kv_dim;
+    switch (which) {
+    case 0:
+        fmc_q8_matmul(&L->qkv, &x_in, T, b->qkv, b->q_dim + 2 * b->kv_dim, 0, NULL, 0, pdl, s);
+        break;
+    case 1:
+        fmc_q8_matmul(&L->wo, &xq_in, T, b->qkv, b->dim, 0, NULL, 0, pdl, s);
+        break;
+    case 2:
+        fmc_q8_glu(&L->gu, &x_in, T, b->xq1, b->xd1, pdl, s);
+        break;
+    case 3:
+        fmc_q8_matmul(&L->down, &xq_in, T, b->qkv, b->dim, 0, NULL, 0, pdl, s);
+        break;
+    case 4:
+        fmc_q8_matmul(&b->out, &x_in, T, b->logits, b->vocab, 0, NULL, 0, pdl, s);
+        break;
+    case 6:
+        fmc_bf16_matmul(&b->DL[l % b->dhp.n_layers].fc1, b->dh, b->dhp.dim, T, b->du, b->dhp.ffn,
+                        b->DL[l % b->dhp.n_layers].fc1_b, FMC_BF16_GELU, NULL, pdl, s);
+        break;
+    case 7:
+        fmc_bf16_matmul(&b->DL[l % b->dhp.n_layers].fc2, b->du, b->dhp.ffn, T, b->dx, b->dhp.dim,
+                        b->DL[l % b->dhp.n_layers].fc2_b, FMC_BF16_GATE_ADD, b->mods, pdl, s);
+        break;
+    default:
+        fmc_attention_quant(b->q, T, b->n_heads, b->n_kv, b->hd, kc, vc, b->d_pos, b->max_splits, b->part,
+                            b->xq1, b->xd1, pdl, s);
+    }
+}
+
+extern "C" double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T, int pdl, uint64_t *bytes) {
+    if (which >= 6 && (!b->has_drafter || T > b->dhp.block)) return -1;
+    const int reps = which == 4 ? 4 : which >= 6 ? b->dhp.n_layers : b->n_layers;
+    const fmc_q8 *w = which == 0   ? &b->L[0].qkv
+                      : which == 1 ? &b->L[0].wo
+                      : which == 2 ? &b->L[0].gu
+                      : which == 3 ? &b->L[0].down
+                                   : &b->out;
+    *bytes = which <= 4 ? q8_bytes(w) : which >= 6 ? (uint64_t)b->dhp.dim * b->dhp.ffn * 2 : 0;
+    *b->h_pos = b->pos > 0 ? b->pos - 1 : 0;
+    cudaMemcpy(b->d_pos, b->h_pos, 4, cudaMemcpyHostToDevice);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    if (cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
+    for (int i = 0; i < reps; i++) time_one(b, which, i % b->n_layers, T, pdl);
+    if (cudaStreamEndCapture(b->st, &g) != cudaSuccess) return -1;
+    const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) return -1;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<float> ms;
+    for (int i = 0; i < 12; i++) {
+        cudaEventRecord(e0, b->st);
+        cudaGraphLaunch(ge, b->st);
+        cudaEventRecord(e1, b->st);
+        cudaEventSynchronize(e1);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (i >= 2) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGraphExecDestroy(ge);
+    if (cudaGetLastError() != cudaSuccess) return -1;
+    return ms[ms.size() / 2] * 1e3 / reps;
+}

@@ -28,6 +28,22 @@ void fm_cuda_debug_device_name(char *buf, size_t len);
 uint64_t fm_cuda_debug_step_bytes(const fm_cuda_backend *b);
 /* Synchronises the device (for host-side timing). */
 void fm_cuda_debug_sync(void);
+/* 0: plain launches; 1 (default): programmatic dependent launch inside forwards of up to 32 rows. */
+void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on);
+/* Microseconds per launch of one kernel group on T rows, replayed in a graph over all layers' weights (so
+ * that they do not sit in L2): 0 qkv, 1 wo, 2 gate/up + SiLU, 3 down, 4 lm_head, 5 attention (split + merge
+ * at the current position). bytes: that matrix's weight bytes (0 for attention). 6, 7: the drafter's fc1 (+
+ * GELU) and fc2 (+ gated add), T <= block. Negative on error. */
+double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T, int pdl, uint64_t *bytes);
+/* Kernel tests, on caller data (host arrays). Q8_0: blocks are N rows of K/32 GGUF Q8_0 blocks; x [T][K] is
+ * RMSNorm'd with nw (when not NULL) and quantised in the kernel; launches of `chunk` tokens; glu: y [T][N/2]
+ * = the dequantised SiLU(gate) * up output (rows [gate; up]), else y [T][N]. */
+int fm_cuda_debug_q8_matmul(const void *blocks, int N, int K, const float *x, const float *nw, float eps,
+                            int T, int chunk, int glu, float *y);
+/* BF16: w [N][K] row-major; mode 0 store, 1 GELU, 2 gated add (y += gate * v, y in/out); bias, gate may be
+ * NULL. */
+int fm_cuda_debug_bf16_matmul(const uint16_t *w, int N, int K, const float *x, int T, const float *bias,
+                              int mode, const float *gate, float *y);
 
 #ifdef __cplusplus
 }

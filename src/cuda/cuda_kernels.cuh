@@ -1,13 +1,25 @@
-/* cuda_kernels.cuh: launchers of the CUDA backend's kernels (cuda_kernels.cu), called by cuda_backend.cu.
+/* cuda_kernels.cuh: host launchers of the CUDA backend's kernels, called by cuda_backend.cu. One kernel
+ * family per .cu file: cuda_q8.cu (Q8_0 weights), cuda_bf16.cu (BF16 weights), cuda_attn.cu (the target's
+ * attention), cuda_kernels.cu (norms, RoPE, argmax and the drafter's element-wise kernels).
  *
  * Layouts (device memory):
- *   q8 matrix   qs int8 [N][K] + d half [N][K/32]: the GGUF Q8_0 blocks split into quants and scales so that
- *               a warp reads its row with 16-byte loads (same bytes, same values as the GGUF blocks).
- *   bf16 matrix [N][K] as stored.
- *   activations f32 [T][width]; quantised activations int8 [T][K] + f32 scales [T][K/32] (the f16 scale,
- *               widened), bit-identical to ggml's quantize_row_q8_0_ref.
- * Invariant (losslessness): every row's result is computed by the same threads in the same order whatever T
- * is, so a verify block's rows equal step-by-step rows bit for bit. */
+ *   q8 matrix   [ceil(N/16)][K/32] tiles of 16 rows x one Q8_0 block, each the 512 quant bytes in the
+ * register order of the int8 tensor-core instruction (mma m16n8k32: lane l's 16 bytes are its A fragment)
+ *               plus [ceil(N/16)][K/32][8] pairs of f16 scales (row g, row g + 8). Same bytes, same values
+ *               as the GGUF blocks; rows past N are zero.
+ *   bf16 matrix [ceil(N/16)][K/16] tiles of 16 x 16 in the register order of mma m16n8k16.
+ *   activations f32 [T][width]; quantised activations int8 in "fragment order" [T/8][K/32][32][8] (lane
+ *               (g, c) of a block holds bytes 4c..4c+3 and 16+4c..16+4c+3 of token g: the B operand of
+ *               mma.m16n8k32, one coalesced 8-byte load per lane) with f32 scales [T/8][K/32][8] (the f16
+ *               scale, widened); values bit-identical to ggml's quantize_row_q8_0_ref. Buffers hold whole
+ *               groups of 8 tokens.
+ * Invariant (losslessness): a Q8_0 product's (row, token) result is the exact int32 dot of each 32-block,
+ * scaled and summed in f32 in an order fixed by the matrix alone (its K split), never by T; norms, attention
+ * and quantisation likewise compute each token with the same threads in the same order whatever T is. So a
+ * verify block's rows equal single steps bit for bit.
+ *
+ * pdl: launch with programmatic dependent launch (see cuda_device.cuh); only for kernels in one stream
+ * whose predecessors are kernels of this file set. */
 #ifndef FM_CUDA_KERNELS_CUH
 #define FM_CUDA_KERNELS_CUH
 
@@ -16,69 +28,141 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <utility>
+
+/* How a product splits its work (fixed per matrix, never by T): a group of rt row tiles (1; 4 for the
+ * gate/up product: 32 gate + 32 up rows) is computed by kc blocks, each of rt * w warps; warp (r, i) of block
+ * j streams tile r's 32-blocks [(j w + i) nbw, (j w + i + 1) nbw), nbw = K/32 / (w kc). Partial sums are
+ * added in warp order inside a block, then, when kc > 1, by the group's last block in block order (scratch
+ * `part`, arrival counters `cnt`, one per group, zero between launches). */
 typedef struct {
-    const int8_t *qs; /* [N][K] */
-    const __half *d;  /* [N][K/32] */
+    int rt, w, kc;
+    float *part;   /* [groups][kc][rt][4 n-tiles][4][32] */
+    unsigned *cnt; /* [groups] */
+} fmc_split;
+
+typedef struct {
+    const int4 *qs;     /* [NT16][NB][32] */
+    const uint32_t *sc; /* [NT16][NB][8] */
     int N, K;
+    fmc_split sp;
 } fmc_q8;
 
 typedef struct {
-    const __nv_bfloat16 *w; /* [N][K] */
+    const uint4 *w; /* [NT16][K/16][32] */
     int N, K;
+    fmc_split sp;
 } fmc_bf16;
 
-/* GGUF blocks [N][K/32] (device) -> split layout. */
-void fmc_repack_q8(const void *blocks, int64_t n_blocks, int8_t *qs, __half *d, cudaStream_t s);
+/* Scratch a product needs (floats of part, counters) for its split. */
+void fmc_split_scratch(const fmc_split *sp, int N, size_t *part_floats, int *counters);
 
-/* y[t][r] (+)= W[r] . x[t] (+ bias[r]) for t < T; x quantised (xq, xd). add: accumulate into y. ldy: row
- * stride of y. */
-void fmc_gemv_q8(const fmc_q8 *w, const int8_t *xq, const float *xd, int T, float *y, int ldy, int add,
-                 cudaStream_t s);
-/* bf16 weights, f32 activations [T][K]. */
-void fmc_gemv_bf16(const fmc_bf16 *w, const float *x, int T, float *y, int ldy, const float *bias, int add,
+/* Sets the kernels' shared-memory limits; once per process, before any launch. */
+int fmc_init(void);
+
+/* Launches k with an optional programmatic-dependent-launch attribute. */
+template <typename... P, typename... A>
+static inline void fmc_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int pdl,
+                              A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
+
+/* ---- Q8_0 (cuda_q8.cu) ---- */
+
+/* GGUF blocks of N rows x K (device, row-major [N][K/32] x 34 bytes) -> tiled layout (qs, sc: device buffers
+ * of fmc_q8_bytes). Also chooses the split (w->sp; its part / cnt stay NULL: the caller provides scratch of
+ * fmc_split_scratch before a launch); glu: the matrix is [gate; up] for fmc_q8_glu. */
+void fmc_q8_bytes(int N, int K, size_t *qs_bytes, size_t *sc_bytes);
+void fmc_q8_repack(const void *blocks, int N, int K, int glu, int4 *qs, uint32_t *sc, fmc_q8 *w,
                    cudaStream_t s);
 
-/* out = RMSNorm(x) * w (w may be NULL: plain quantisation of x), quantised to Q8_0 per row: [T][n]. */
-void fmc_norm_quant(const float *x, int ldx, const float *w, float eps, int T, int n, int8_t *xq, float *xd,
-                    cudaStream_t s);
-/* g = silu(gu[t][0..F)) * gu[t][F..2F), quantised. */
-void fmc_silu_mul_quant(const float *gu, int T, int F, int8_t *xq, float *xd, cudaStream_t s);
-/* x[t] = dequantised token rows of a q8 table. */
+/* The activations of a Q8_0 product: quantised (xq, xd, fragment order), or, when x != NULL, f32 rows x (row
+ * stride ldx) that the launcher first normalises (RMSNorm with weight nw, when nw != NULL) and quantises
+ * into xq, xd. */
+typedef struct {
+    int8_t *xq;
+    float *xd;
+    const float *x;
+    int ldx;
+    const float *nw;
+    float eps;
+} fmc_q8_in;
+
+/* x [T][ldx] -> RMSNorm (nw may be NULL) -> Q8_0 in fragment order, one block of 256 threads per token (a
+ * fixed reduction order: a token's values never depend on T). */
+void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, int T, int8_t *xq, float *xd,
+                  int pdl, cudaStream_t s);
+/* y[t][r] (+)= W[r] . x[t] for t < T (add: accumulate); y2 (may be NULL): a copy of the result. */
+void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, int add, float *y2,
+                   int ldy2, int pdl, cudaStream_t s);
+/* W = [gate; up] (2F rows): h = silu(gate . x) * (up . x), quantised to oq, od (fragment order, K = F). */
+void fmc_q8_glu(const fmc_q8 *w, const fmc_q8_in *in, int T, int8_t *oq, float *od, int pdl, cudaStream_t s);
+/* x[t] = dequantised rows ids[t] of a q8 table. */
 void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaStream_t s);
 
-/* Target: qkv [T][q_dim + 2 kv_dim] -> per-head RMSNorm(q_norm / k_norm), NEOX RoPE at *pos + t, q into
- * q_out [T][q_dim], K/V rows into the f16 caches [n_ctx][kv_dim] at *pos + t. rope: [n_ctx][hd/2][2]. */
+/* ---- BF16 (cuda_bf16.cu) ---- */
+
+enum { FMC_BF16_STORE = 0, FMC_BF16_GELU = 1, FMC_BF16_GATE_ADD = 2 };
+void fmc_bf16_bytes(int N, int K, size_t *bytes);
+/* Row-major bf16 [N][K] (device) -> tiled layout; chooses the split as fmc_q8_repack. */
+void fmc_bf16_repack(const void *rows, int N, int K, uint4 *w_out, fmc_bf16 *w, cudaStream_t s);
+/* v = W[r] . x[t] + bias[r] (f32 activations carried as bf16 hi + lo, products exact, f32 sums);
+ * STORE: y = v; GELU: y = gelu(v); GATE_ADD: y += gate[r] * v. */
+void fmc_bf16_matmul(const fmc_bf16 *w, const float *x, int ldx, int T, float *y, int ldy, const float *bias,
+                     int mode, const float *gate, int pdl, cudaStream_t s);
+
+/* ---- target attention (cuda_attn.cu) ---- */
+
+/* qkv [T][q_dim + 2 kv_dim] -> per-head RMSNorm (q_norm / k_norm), NEOX RoPE at *pos + t; q into q_out
+ * [T][q_dim], K/V rows into the f16 caches [n_ctx][kv_dim] at *pos + t. rope: [n_ctx][hd/2][2]. */
 void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd, const float *q_norm,
                          const float *k_norm, float eps, const float *rope, const int *pos, float *q_out,
-                         __half *k_cache, __half *v_cache, cudaStream_t s);
-/* Causal GQA attention of T rows at *pos + t over the f16 caches, split-K: splits of FMC_ATT_SPLIT keys, each
- * written to part, merged in a fixed order. part: [T][n_heads][max_splits][hd + 2]. */
+                         __half *k_cache, __half *v_cache, int pdl, cudaStream_t s);
+/* Causal GQA attention of T rows at *pos + t over the f16 caches, split-K ("flash decoding"): splits of
+ * FMC_ATT_SPLIT keys at fixed boundaries, each block loading one split of one KV head once for all its query
+ * heads and up to 4 rows; partials [T][n_heads][max_splits][hd + 2] merged in split order, and the output
+ * quantised to xq, xd (fragment order, K = q_dim). hd: a multiple of 32, at most 256. */
 #define FMC_ATT_SPLIT 64
-void fmc_attention(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
-                   const __half *v_cache, const int *pos, int max_splits, float *part, float *out,
-                   cudaStream_t s);
-/* argmax of each row of x [T][n] (ties to the lowest index, NaN never wins). */
-void fmc_argmax(const float *x, int T, int n, int32_t *out, cudaStream_t s);
-/* dst[t][0..n) = src[t][0..n) with row strides. */
-void fmc_copy_rows(const float *src, int lds, float *dst, int ldd, int T, int n, cudaStream_t s);
+void fmc_attention_quant(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
+                         const __half *v_cache, const int *pos, int max_splits, float *part, int8_t *xq,
+                         float *xd, int pdl, cudaStream_t s);
 
-/* ---- drafter ---- */
+/* ---- argmax and the drafter's small kernels (cuda_kernels.cu) ---- */
+
+/* out[t] = max over i of (key(x[t][i]) << 32 | ~i): the argmax (ties to the lowest index, NaN never wins)
+ * packed so that atomicMax finds it in any order. out must be zeroed first; fmc_argmax_index decodes it. */
+void fmc_argmax(const float *x, int T, int n, unsigned long long *out, int pdl, cudaStream_t s);
+static inline int32_t fmc_argmax_index(unsigned long long p) {
+    return p ? (int32_t)(0xffffffffu - (uint32_t)(p & 0xffffffffu)) : 0;
+}
 /* y = x * (w / rms(x)) per row (double sums as the CPU reference). */
 void fmc_rmsnorm_rows(const float *x, const float *w, int T, int n, float eps, float *y, cudaStream_t s);
 /* y = LN(x) * (1 + scale) + shift. */
-void fmc_ln_mod_rows(const float *x, const float *scale, const float *shift, int T, int n, float eps, float *y,
-                     cudaStream_t s);
-/* In place on x [T][ld] (heads at col 0): per-head RMSNorm w, interleaved RoPE (2i, 2i+1) at pos0 + t with
- * angle (float)pos * inv_freq[i]. When k_cache != NULL the result goes to k_cache rows pos0 + t (f16, row
- * stride n_heads*hd) instead, and v (same shape, stride ld) to v_cache. */
-void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, float eps, int pos0,
-                      const float *inv_freq, const float *v, __half *k_cache, __half *v_cache, cudaStream_t s);
-/* o[t][h] = softmax(q . k / sqrt(hd)) v over L keys, no mask; K/V f32 (ld strides) or f16 caches. */
+void fmc_ln_mod_rows(const float *x, const float *scale, const float *shift, int T, int n, float eps,
+                     float *y, cudaStream_t s);
+/* In place on x [T][ld] (heads at col 0): per-head RMSNorm w, interleaved RoPE (2i, 2i+1) at position
+ * p0 + t, p0 = pos0 + (dpos ? *dpos : 0), angle (float)pos * inv_freq[i]. When k_cache != NULL the result
+ * goes to k_cache rows p0 + t (f16, row stride n_heads*hd) instead, and v (same shape, stride ld) to v_cache.
+ */
+void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, float eps,
+                      const int *dpos, int pos0, const float *inv_freq, const float *v, __half *k_cache,
+                      __half *v_cache, cudaStream_t s);
+/* o[t][h] = softmax(q . k / sqrt(hd)) v over L = L0 + (dL ? *dL : 0) keys, no mask; K/V f32 (ld strides) or
+ * f16 caches. With dL, L may be up to Lmax <= FMC_DR_ATT_MAX_L (shared memory is sized for Lmax). */
+#define FMC_DR_ATT_MAX_L 40000
 void fmc_dr_attention(const float *q, int ldq, int T, const float *kf, const float *vf, int ldkv,
-                      const __half *kh, const __half *vh, int L, int n_heads, int hd, float *o, cudaStream_t s);
-/* x[t][i] += gate[i] * y[t][i]. */
-void fmc_gate_add(float *x, const float *y, const float *gate, int T, int n, cudaStream_t s);
-void fmc_gelu(float *x, int64_t n, cudaStream_t s);
+                      const __half *kh, const __half *vh, const int *dL, int L0, int Lmax, int n_heads,
+                      int hd, float *o, cudaStream_t s);
 /* x[t] = row (broadcast). */
 void fmc_broadcast_row(const float *row, int T, int n, float *x, cudaStream_t s);
 

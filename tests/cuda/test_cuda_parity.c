@@ -1,7 +1,9 @@
 /* test_cuda_parity.c: the CUDA backend against the CPU on tiny synthetic models (run on a GPU machine; not a
- * CI test). Checks: per-op-group comparisons (logits, captured features, draft head outputs) with tolerances;
- * verify blocks equal step-by-step rows bit for bit on the GPU (graphs on and off); greedy ids GPU == CPU;
- * speculative == plain on the GPU for every verify mode, with and without simulated acceptance.
+ * CI test). Checks: the kernels against the CPU's scalar references (cuda_kernel_checks.h); per-op-group
+ * comparisons (logits, captured features, draft head outputs) with tolerances; verify blocks equal
+ * step-by-step rows bit for bit on the GPU (graphs and programmatic dependent launch on and off); greedy ids
+ * GPU vs CPU, where a difference must be a near-tie (the top-2 gap on both sides under the Q8_0 tolerance,
+ * reported); speculative == plain on the GPU for every verify mode, with and without simulated acceptance.
  * usage: test_cuda_parity WORKDIR */
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,6 +27,44 @@ static int failures;
         printf(__VA_ARGS__);                                                                                 \
         printf("\n");                                                                                        \
     } while (0)
+
+#include "cuda_kernel_checks.h"
+
+/* Logits tolerance, relative to the row's largest |logit|: with no activation requantisation flip the GPU
+ * matches the CPU to ~1e-7 (f32 order only); one int8 rounding flip (f32 order differences at a .5 boundary)
+ * moves one activation by 1/127 of its block's range, and a few such flips through 4 layers stay under 3e-2.
+ * Two ids can therefore differ only where the top-2 gap is below this on both sides: a near-tie. */
+#define LOGIT_TOL 3e-2
+
+static int top1(const float *r, int V, float *gap) {
+    int a = 0;
+    for (int i = 1; i < V; i++)
+        if (r[i] > r[a]) a = i;
+    float second = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (i != a && r[i] > second) second = r[i];
+    *gap = r[a] - second;
+    return a;
+}
+
+/* Compares the argmax of one row on both sides; at a difference prints the top-2 gaps and returns whether
+ * both are below the tolerance (a near-tie). 1 when the ids agree. */
+static int row_agrees_or_near_tie(const char *what, int row, const float *gpu, const float *cpu, int V,
+                                  int *same) {
+    float gg, gc, mx = 0;
+    const int ag = top1(gpu, V, &gg), ac = top1(cpu, V, &gc);
+    *same = ag == ac;
+    if (ag == ac) return 1;
+    for (int i = 0; i < V; i++) mx = fabsf(cpu[i]) > mx ? fabsf(cpu[i]) : mx;
+    const double tol = LOGIT_TOL * mx;
+    const int near = gg < tol && gc < tol;
+    printf(
+        "INFO %s row %d: GPU id %d (top-2 gap %.3g), CPU id %d (top-2 gap %.3g); tolerance %.3g = %.0e x max "
+        "|logit| %.3g: %s\n",
+        what, row, ag, gg, ac, gc, tol, LOGIT_TOL, mx,
+        near ? "near-tie (both gaps under the Q8_0 requantisation tolerance)" : "NOT a near-tie");
+    return near;
+}
 
 static int is_stop_never(const void *c, int32_t id) {
     (void)c, (void)id;
@@ -121,18 +161,33 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
         fm_cuda_debug_features(gb, gf, 17);
         const double el = hx_rel_err(gl, qwen3_state_logits(cs), (size_t)17 * V);
         const double ef = hx_rel_err(gf, qwen3_state_features(cs), (size_t)17 * fw);
-        int same = 0;
-        for (int t = 0; t < 17; t++) same += am[t] == qwen3_state_argmax(cs)[t];
-        /* 1e-7 when no activation requantisation flips; one int8 rounding flip (f32 order differences at a
-         * .5 boundary) moves a value by 1/127 of its block's range, so the tolerance is 3e-2. */
-        CHECK(el < 3e-2, "tied=%d block %d: logits rel err %.2e (tol 3e-2)", tied, blk, el);
-        CHECK(ef < 3e-2, "tied=%d block %d: captured features rel err %.2e (tol 3e-2)", tied, blk, ef);
-        CHECK(same == 17, "tied=%d block %d: argmax rows equal %d/17", tied, blk, same);
+        int same = 0, explained = 1, kernel_ok = 1;
+        char what[64];
+        snprintf(what, sizeof what, "tied=%d block %d", tied, blk);
+        for (int t = 0; t < 17; t++) {
+            float gap;
+            kernel_ok &= am[t] == top1(gl + (size_t)t * V, V, &gap);
+            int eq1;
+            explained &= row_agrees_or_near_tie(what, t, gl + (size_t)t * V,
+                                                qwen3_state_logits(cs) + (size_t)t * V, V, &eq1);
+            same += eq1;
+        }
+        CHECK(kernel_ok, "tied=%d block %d: the GPU's argmax kernel == argmax of its logits, 17 rows", tied,
+              blk);
+        CHECK(el < LOGIT_TOL, "tied=%d block %d: logits rel err %.2e (tol %.0e)", tied, blk, el, LOGIT_TOL);
+        CHECK(ef < LOGIT_TOL, "tied=%d block %d: captured features rel err %.2e (tol %.0e)", tied, blk, ef,
+              LOGIT_TOL);
+        CHECK(explained, "tied=%d block %d: argmax rows equal %d/17, every difference a near-tie", tied, blk,
+              same);
     }
 
-    /* 2. A verify block equals step-by-step rows bit for bit (graphs on, then off). */
-    for (int graphs = 1; graphs >= 0; graphs--) {
+    /* 2. A verify block equals step-by-step rows bit for bit (graphs on / off, PDL on / off), and every
+     * launch mode gives the same bits. */
+    float *ref17 = malloc(sizeof(float) * 17 * V);
+    for (int mode = 0; mode < 4; mode++) {
+        const int graphs = !(mode & 1), pdl = !(mode & 2);
         fm_cuda_debug_set_graphs(gb, graphs);
+        fm_cuda_debug_set_pdl(gb, pdl);
         for (int T = 8; T <= 17; T += 9) {
             G.reset(G.ctx);
             G.eval(G.ctx, prompt, 30, 0, NULL, err, sizeof err);
@@ -149,11 +204,18 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
                 ids &= one == am[t];
             }
             free(row);
-            CHECK(bitwise && ids, "tied=%d graphs=%d: verify(%d) rows == %d single steps bit for bit", tied,
-                  graphs, T, T);
+            CHECK(bitwise && ids, "tied=%d graphs=%d pdl=%d: verify(%d) rows == %d single steps bit for bit",
+                  tied, graphs, pdl, T, T);
+            if (T == 17 && mode == 0) memcpy(ref17, gl, sizeof(float) * 17 * V);
+            if (T == 17 && mode > 0)
+                CHECK(!memcmp(ref17, gl, sizeof(float) * 17 * V),
+                      "tied=%d graphs=%d pdl=%d: verify(17) logits == graphs=1 pdl=1 bit for bit", tied,
+                      graphs, pdl);
         }
     }
+    free(ref17);
     fm_cuda_debug_set_graphs(gb, 1);
+    fm_cuda_debug_set_pdl(gb, 1);
 
     /* 3. The drafter: context from the same prompt, a draft at pos 40: head outputs and ids vs the CPU. */
     {
@@ -189,11 +251,42 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     hx_params(&p, 96);
     run(&C, prompt, NP, &p, &ic, &nc, &st);
     run(&G, prompt, NP, &p, &ig, &ng, &st);
-    int eq = nc == ng && nc > 0 && !memcmp(ic, ig, sizeof(int32_t) * nc);
-    int firstdiff = -1;
-    for (int i = 0; i < nc && i < ng && firstdiff < 0; i++)
-        if (ic[i] != ig[i]) firstdiff = i;
-    CHECK(eq, "tied=%d greedy ids GPU == CPU over %d tokens (first difference at %d)", tied, nc, firstdiff);
+    int agree = 0;
+    while (agree < nc && agree < ng && ic[agree] == ig[agree]) agree++;
+    printf("INFO tied=%d greedy ids GPU == CPU: the first %d of %d generated ids agree\n", tied, agree, nc);
+    {
+        /* Teacher forcing along the CPU's sequence: both sides see the same ids, every position's argmax is
+         * compared, and each difference must be a near-tie. */
+        const int L = NP + nc;
+        int32_t *seq = malloc(sizeof(int32_t) * L);
+        memcpy(seq, prompt, sizeof(int32_t) * NP);
+        memcpy(seq + NP, ic, sizeof(int32_t) * nc);
+        qwen3_state_rewind(cs, 0);
+        G.reset(G.ctx);
+        int rows = 0, same_rows = 0, explained = 1, rc = 0;
+        char what[64];
+        snprintf(what, sizeof what, "tied=%d teacher-forced", tied);
+        for (int c = 0; c + 1 < L; c += 16) {
+            const int n = L - 1 - c < 16 ? L - 1 - c : 16;
+            rc |= qwen3_forward(m, cs, pool, seq + c, n, QWEN3_OUT_ALL_LOGITS, err, sizeof err);
+            rc |= G.eval(G.ctx, seq + c, n, 1, am, err, sizeof err);
+            rc |= fm_cuda_debug_logits(gb, gl, n);
+            for (int t = 0; t < n; t++) {
+                if (c + t + 1 < NP) continue; /* only positions that predict a generated id */
+                int eq1;
+                explained &= row_agrees_or_near_tie(what, c + t, gl + (size_t)t * V,
+                                                    qwen3_state_logits(cs) + (size_t)t * V, V, &eq1);
+                rows++, same_rows += eq1;
+            }
+        }
+        if (rc) printf("teacher forcing error: %s\n", err);
+        CHECK(!rc && (agree == nc && nc == ng ? 1 : explained),
+              "tied=%d greedy: %d/%d ids equal before the first divergence; teacher-forced argmax equal at "
+              "%d/%d "
+              "positions, every difference a near-tie",
+              tied, agree, nc, same_rows, rows);
+        free(seq);
+    }
     const int verify_modes[] = {0, 1, 7, 15, 16};
     for (int vi = 0; vi < 5; vi++)
         for (int sim = 0; sim < 2; sim++) {
@@ -234,6 +327,7 @@ int main(int argc, char **argv) {
     char name[256];
     fm_cuda_debug_device_name(name, sizeof name);
     printf("device: %s\n", name);
+    kc_run_all();
     one_model(argv[1], 0, 11);
     one_model(argv[1], 1, 12);
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "OK", failures);

@@ -1,0 +1,93 @@
+/* cuda_device.cuh: device-side helpers shared by the CUDA backend's kernel files (warp reductions, the Q8_0
+ * activation quantiser, programmatic dependent launch, loads that bypass L1).
+ *
+ * Programmatic dependent launch (PDL, sm_90): a kernel launched with fmc_launch(..., pdl = 1) may start while
+ * the kernel before it in the stream still runs. Such a kernel calls pdl_wait() before its first access to
+ * memory that an earlier kernel writes or reads (weights, which never change, may be read before), and every
+ * kernel calls pdl_trigger() at its start so that its successor can be scheduled early. pdl_wait() makes
+ * the direct predecessor's writes visible; data written further back is read with ld_cg (L2, coherent), so no
+ * stale L1 line can be hit whatever the hardware does to L1 at launch. */
+#ifndef FM_CUDA_DEVICE_CUH
+#define FM_CUDA_DEVICE_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#define WARP 32
+
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ float ld_cg(const float *p) {
+    return __ldcg(p);
+}
+__device__ __forceinline__ float4 ld_cg4(const float *p) {
+    return __ldcg((const float4 *)p);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Quantised activations in "fragment order" (the B operand of mma.m16n8k32, see cuda_kernels.cuh): byte
+ * offset of (token t, column k) for NB = K/32 blocks in [T/8][NB][32 lanes][8 bytes], lane (g, c) holding
+ * bytes 4c..4c+3 and 16+4c..16+4c+3 of its block for token g of the 8; and the index of the scale of (t,
+ * block b) in [T/8][NB][8]. */
+__device__ __forceinline__ size_t frag_off(int t, int k, int NB) {
+    const int kk = k & 31, m = kk >> 2;
+    return (((size_t)(t >> 3) * NB + (k >> 5)) * 32 + (t & 7) * 4 + (m & 3)) * 8 + (m >> 2) * 4 + (kk & 3);
+}
+__device__ __forceinline__ size_t frag_d(int t, int b, int NB) {
+    return ((size_t)(t >> 3) * NB + b) * 8 + (t & 7);
+}
+
+/* ggml's quantize_row_q8_0_ref for one 32-block held one value per lane: d = amax / 127, id = d ? 1/d : 0,
+ * q = roundf(v * id); the scale is returned as the f32 value of its f16 rounding. */
+__device__ __forceinline__ int8_t quant_lane(float v, float *d_out) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_out = __half2float(__float2half_rn(d));
+    return (int8_t)roundf(v * id);
+}
+
+/* The same for a 32-block held by one thread (v[32]); q receives 8 packed words. */
+__device__ __forceinline__ float quant_block32(const float *v, uint32_t *q) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        uint32_t p = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) p |= (uint32_t)(uint8_t)(int8_t)roundf(v[4 * w + j] * id) << (8 * j);
+        q[w] = p;
+    }
+    return __half2float(__float2half_rn(d));
+}
+
+#endif

@@ -1,0 +1,125 @@
+/* cuda_gemm.cuh: what the Q8_0 and BF16 products share (cuda_q8.cu, cuda_bf16.cu): the choice of their work
+ * split (fmc_split in cuda_kernels.cuh), the per-warp cp.async pipeline that keeps several weight tiles of
+ * 512 bytes and their activation fragments in flight per warp without holding them in registers, and the
+ * deterministic merge of the warps' and blocks' partial sums. */
+#ifndef FM_CUDA_GEMM_CUH
+#define FM_CUDA_GEMM_CUH
+
+#include "cuda/cuda_device.cuh"
+#include "cuda/cuda_kernels.cuh"
+
+enum { GEMM_MAX_TOK = 32, GEMM_SLOT = 4 * 4 * 32 /* floats of one tile's partial, 4 n-tiles */ };
+
+/* Pipeline depth (tiles in flight per warp): 8, or 6 for 17..32 tokens, whose activation fragments make a
+ * stage large. */
+__host__ __device__ constexpr int gemm_stages(int NT) {
+    return NT <= 2 ? 8 : 6;
+}
+
+/* nb: K blocks of a row tile (K/32 for Q8_0, K/16 for BF16). Warps per tile w: 4 (1 for the gate/up group of
+ * 4 tiles), fewer when nb does not divide; blocks per group kc: doubled while the grid keeps under 4 blocks
+ * per SM (an H200 has 132) and within one wave of `per_sm` resident blocks per SM, and each warp keeps at
+ * least 8 tiles. */
+static inline void gemm_plan(fmc_split *sp, int nb, int NT16, int glu, int per_sm) {
+    sp->rt = glu ? 4 : 1;
+    const long groups = glu ? NT16 / 4 : NT16;
+    int w = glu ? 1 : 4;
+    while (w > 1 && nb % w) w /= 2;
+    int kc = 1;
+    while (groups * kc < 4 * 132 && groups * kc * 2 <= (long)per_sm * 132 && nb % (w * kc * 2) == 0 &&
+           nb / (w * kc * 2) >= 8)
+        kc *= 2;
+    sp->w = w;
+    sp->kc = kc;
+    sp->part = NULL;
+    sp->cnt = NULL;
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src)
+                 : "memory");
+#endif
+}
+/* 8 bytes; src_bytes = 0 fills the destination with zeros (and reads nothing). */
+__device__ __forceinline__ void cp_async8(void *dst, const void *src, int src_bytes = 8) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+        "l"(src), "r"(src_bytes)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+/* Merges the partial sums acc of warp (r, i) (tile r of the group, K share i) of block kci of group `group`:
+ * the w warps of a tile in warp order (red: shared [warps][NT][4][32]), then, when kc > 1, the kc blocks in
+ * block order by the last block to arrive. Returns -1 in blocks that are not the last (the whole block),
+ * else 1 in the warps that hold their tile's final sums (i == 0) and 0 in the others. */
+template <int NT>
+__device__ int gemm_merge(float (&acc)[NT][4], const fmc_split &sp, int group, int kci, float *red) {
+    __shared__ unsigned last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = warp / sp.w, i = warp - r * sp.w;
+    if (sp.w > 1) {
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) red[((warp * NT + n) * 4 + j) * 32 + lane] = acc[n][j];
+        __syncthreads();
+        if (i == 0)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float v = acc[n][j];
+                    for (int q = 1; q < sp.w; q++)
+                        v = __fadd_rn(v, red[(((warp + q) * NT + n) * 4 + j) * 32 + lane]);
+                    acc[n][j] = v;
+                }
+    }
+    if (sp.kc == 1) return i == 0;
+    float *slot = sp.part + ((size_t)group * sp.kc * sp.rt + r) * GEMM_SLOT;
+    const size_t stride = (size_t)sp.rt * GEMM_SLOT; /* from block kci to kci + 1 */
+    if (i == 0)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) __stcg(slot + kci * stride + (n * 4 + j) * 32 + lane, acc[n][j]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(sp.cnt + group, 1u) == (unsigned)(sp.kc - 1);
+    __syncthreads();
+    if (!last) return -1;
+    __threadfence();
+    if (i == 0)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float v = __ldcg(slot + (n * 4 + j) * 32 + lane);
+                for (int k = 1; k < sp.kc; k++)
+                    v = __fadd_rn(v, __ldcg(slot + k * stride + (n * 4 + j) * 32 + lane));
+                acc[n][j] = v;
+            }
+    if (threadIdx.x == 0) sp.cnt[group] = 0; /* ready for the next launch */
+    return i == 0;
+}
+
+#endif

@@ -1,0 +1,385 @@
+/* cuda_q8.cu: Q8_0 weights on the GPU: the tiled layout (see cuda_kernels.cuh), its repack from GGUF blocks,
+ * token lookup, the activation quantiser, and the matrix product for 1..32 tokens per launch on the int8
+ * tensor cores.
+ *
+ * The product streams each weight byte once for all tokens of a launch. The work split (fmc_split) is fixed
+ * per matrix: a warp owns one 16-row tile and a fixed run of its K/32 blocks, keeps up to 8 tiles of 512
+ * bytes with their activation fragments in flight through cp.async (cuda_gemm.cuh; the weights of the first
+ * stages before the preceding kernel is done), and per block gets the exact int32 dots of 16 rows x 8
+ * tokens from one mma.m16n8k32. Each (row, token) then takes acc += isum * (dw * dx) in f32, block by block
+ * in the warp's order; the warps' and blocks' partial sums are added in a fixed order: the same operations
+ * whatever T is (explicit __fmaf_rn / __fadd_rn keep the compiler from contracting differently in the
+ * per-T instantiations). Activations come quantised in "fragment order" (a lane's 8 bytes of a block for 8
+ * tokens contiguous), so a warp's activation load is one coalesced 256-byte read. The quantiser (RMSNorm +
+ * Q8_0) runs one token per 256-thread block with a fixed reduction order, so a token's values never depend
+ * on T either. */
+#include "cuda/cuda_gemm.cuh"
+
+enum { Q8_STORE = 0, Q8_ADD = 1, Q8_GLU = 2 };
+enum { Q8_WARPS = 8, Q8_THREADS = 256, Q8_SMEM_LIMIT = 200 * 1024 };
+
+/* ---- layout ---- */
+
+void fmc_q8_bytes(int N, int K, size_t *qs_bytes, size_t *sc_bytes) {
+    const size_t tiles = (size_t)((N + 15) / 16) * (K / 32);
+    *qs_bytes = tiles * 512;
+    *sc_bytes = tiles * 32;
+}
+
+/* One thread per (tile, lane): its A fragment a0..a3 = rows g, g+8 x quants 4c..4c+3, then 16+4c..16+4c+3. */
+__global__ void k_repack_q8(const uint8_t *blocks, int N, int NB, int64_t total, int4 *qs, uint32_t *sc) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const int lane = (int)(i & 31), g = lane >> 2, c = lane & 3;
+    const int64_t tile = i >> 5;
+    const int rt = (int)(tile / NB), b = (int)(tile % NB);
+    const int r0 = rt * 16 + g, r1 = r0 + 8;
+    uint32_t w[4];
+    for (int reg = 0; reg < 4; reg++) {
+        const int r = (reg & 1) ? r1 : r0, k0 = ((reg & 2) ? 16 : 0) + 4 * c;
+        uint32_t v = 0;
+        if (r < N) {
+            const uint8_t *q = blocks + ((int64_t)r * NB + b) * 34 + 2 + k0;
+            v = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
+        }
+        w[reg] = v;
+    }
+    qs[i] = make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
+    if (c == 0) {
+        uint32_t d0 = 0, d1 = 0;
+        if (r0 < N)
+            d0 = blocks[((int64_t)r0 * NB + b) * 34] | (uint32_t)blocks[((int64_t)r0 * NB + b) * 34 + 1] << 8;
+        if (r1 < N)
+            d1 = blocks[((int64_t)r1 * NB + b) * 34] | (uint32_t)blocks[((int64_t)r1 * NB + b) * 34 + 1] << 8;
+        sc[tile * 8 + g] = d0 | d1 << 16;
+    }
+}
+
+void fmc_q8_repack(const void *blocks, int N, int K, int glu, int4 *qs, uint32_t *sc, fmc_q8 *w,
+                   cudaStream_t s) {
+    const int NB = K / 32, NT16 = (N + 15) / 16;
+    const int64_t total = (int64_t)NT16 * NB * 32;
+    k_repack_q8<<<(unsigned)((total + 255) / 256), 256, 0, s>>>((const uint8_t *)blocks, N, NB, total, qs,
+                                                                sc);
+    w->qs = qs;
+    w->sc = sc;
+    w->N = N;
+    w->K = K;
+    gemm_plan(&w->sp, NB, NT16, glu, 5); /* 4-warp blocks of ~40 KB at 1..8 tokens: 5 per SM (smem) */
+}
+
+void fmc_split_scratch(const fmc_split *sp, int N, size_t *part_floats, int *counters) {
+    const int groups = (N + 15) / 16 / sp->rt;
+    *part_floats = sp->kc > 1 ? (size_t)groups * sp->kc * sp->rt * GEMM_SLOT : 0;
+    *counters = sp->kc > 1 ? groups : 0;
+}
+
+/* Element (r, k) of a tiled matrix, dequantised as the CPU does: f32(d) * q. */
+__device__ __forceinline__ float q8_get(const int4 *qs, const uint32_t *sc, int NB, int64_t r, int k) {
+    const int64_t rt = r >> 4;
+    const int rr = (int)(r & 15), g = rr & 7, hi = rr >> 3, b = k >> 5, kk = k & 31;
+    const int c = (kk & 15) >> 2, reg = hi + 2 * (kk >> 4);
+    const int8_t *t = (const int8_t *)(qs + (rt * NB + b) * 32 + g * 4 + c);
+    const uint32_t s2 = sc[(rt * NB + b) * 8 + g];
+    const float d = __half2float(__ushort_as_half((unsigned short)(hi ? s2 >> 16 : s2 & 0xffff)));
+    return d * (float)t[reg * 4 + (kk & 3)];
+}
+
+__global__ void k_embed_q8(const int4 *qs, const uint32_t *sc, int K, const int32_t *ids, float *x) {
+    pdl_trigger();
+    const int t = blockIdx.x;
+    const int64_t row = ids[t];
+    for (int i = threadIdx.x; i < K; i += blockDim.x) x[(size_t)t * K + i] = q8_get(qs, sc, K / 32, row, i);
+}
+
+void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaStream_t s) {
+    k_embed_q8<<<T, 256, 0, s>>>(tab->qs, tab->sc, tab->K, ids, x);
+}
+
+/* ---- activations in fragment order ---- */
+
+/* Token t of x (f32 [K]): RMSNorm with weight nw (when not NULL; double sum of squares, per-thread partials
+ * over a fixed float4 stride, the warp butterfly, then the 8 warps in order), then ggml's Q8_0 quantisation
+ * of each 32-block by one thread, into xq / xd (fragment order, token t). Called by all Q8_THREADS threads of
+ * a block; ends with the block synchronised. */
+__device__ void q8_quant_token(const float *x, const float *nw, float eps, int K, int t, int8_t *xq,
+                               float *xd) {
+    __shared__ double part[Q8_WARPS];
+    const int tid = threadIdx.x, NB = K >> 5;
+    float r = 1.0f;
+    if (nw) {
+        double ss = 0;
+#pragma unroll 4
+        for (int j = tid; j < K / 4; j += Q8_THREADS) {
+            const float4 v = ld_cg4(x + 4 * j);
+            ss += (double)v.x * v.x;
+            ss += (double)v.y * v.y;
+            ss += (double)v.z * v.z;
+            ss += (double)v.w * v.w;
+        }
+        ss = warp_sum_d(ss);
+        if ((tid & 31) == 0) part[tid >> 5] = ss;
+        __syncthreads();
+        double tot = 0;
+        for (int w = 0; w < Q8_WARPS; w++) tot += part[w];
+        r = (float)(1.0 / sqrt(tot / (double)K + (double)eps));
+    }
+    for (int b = tid; b < NB; b += Q8_THREADS) {
+        float v[32];
+#pragma unroll
+        for (int j = 0; j < 32; j += 4) {
+            const float4 xv = ld_cg4(x + b * 32 + j);
+            v[j] = __fmul_rn(xv.x, r), v[j + 1] = __fmul_rn(xv.y, r);
+            v[j + 2] = __fmul_rn(xv.z, r), v[j + 3] = __fmul_rn(xv.w, r);
+            if (nw) {
+                const float4 wv = __ldg((const float4 *)(nw + b * 32 + j));
+                v[j] = __fmul_rn(v[j], wv.x), v[j + 1] = __fmul_rn(v[j + 1], wv.y);
+                v[j + 2] = __fmul_rn(v[j + 2], wv.z), v[j + 3] = __fmul_rn(v[j + 3], wv.w);
+            }
+        }
+        uint32_t q[8];
+        xd[frag_d(t, b, NB)] = quant_block32(v, q);
+#pragma unroll
+        for (int m = 0; m < 8; m++) *(uint32_t *)(xq + frag_off(t, b * 32 + 4 * m, NB)) = q[m];
+    }
+    __syncthreads();
+}
+
+/* grid (T): token t of x [T][ldx]. */
+__global__ void __launch_bounds__(Q8_THREADS)
+    k_quant(const float *x, int ldx, const float *nw, float eps, int K, int8_t *xq, float *xd) {
+    pdl_trigger();
+    pdl_wait();
+    q8_quant_token(x + (size_t)blockIdx.x * ldx, nw, eps, K, blockIdx.x, xq, xd);
+}
+
+/* ---- the product ---- */
+
+struct q8_args {
+    const int4 *qs;
+    const uint32_t *sc;
+    int N, K, T;
+    fmc_split sp;
+    const int8_t *xq; /* fragment order */
+    const float *xd;
+    float *y;
+    int ldy;
+    float *y2;
+    int ldy2;
+    int8_t *oq; /* GLU output, fragment order */
+    float *od;
+};
+
+__device__ __forceinline__ void mma_s8(int (&d)[4], const int4 &a, uint32_t b0, uint32_t b1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0));
+#else
+    d[0] = d[1] = d[2] = d[3] = 0;
+    __trap(); /* the backend refuses devices below compute capability 8.0 */
+#endif
+}
+
+__device__ __forceinline__ float half_lo(uint32_t s) {
+    return __half2float(__ushort_as_half((unsigned short)(s & 0xffff)));
+}
+__device__ __forceinline__ float half_hi(uint32_t s) {
+    return __half2float(__ushort_as_half((unsigned short)(s >> 16)));
+}
+
+/* Bytes of one pipeline stage of a warp: the tile (512), its scale pairs (32 lanes x 4) and, per 8-token
+ * n-tile, the activation fragments (32 x 8) and the scale pairs each lane needs (32 x 8). */
+__host__ __device__ constexpr int q8_stage_bytes(int NT) {
+    return 640 + 512 * NT;
+}
+
+static size_t q8_smem(const fmc_split *sp, int NT, int mode) {
+    const size_t warps = (size_t)sp->rt * sp->w;
+    size_t s = warps * gemm_stages(NT) * q8_stage_bytes(NT) + warps * NT * 4 * 32 * 4;
+    if (mode == Q8_GLU) s += (size_t)8 * NT * 64 * 4;
+    return s;
+}
+
+/* grid: groups x kc blocks of rt * w warps (fmc_split). */
+template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemm(const q8_args a) {
+    constexpr int STG = gemm_stages(NT), SB = q8_stage_bytes(NT);
+    extern __shared__ __align__(16) unsigned char smem[];
+    const fmc_split sp = a.sp;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = sp.rt * sp.w;
+    const int g = lane >> 2, c = lane & 3, T = a.T;
+    const int NB = a.K >> 5, NT16 = (a.N + 15) >> 4;
+    const int group = blockIdx.x / sp.kc, kci = blockIdx.x - group * sp.kc;
+    const int r = warp / sp.w, i = warp - r * sp.w;
+    const int tile = MODE == Q8_GLU ? (r < 2 ? 2 * group + r : NT16 / 2 + 2 * group + r - 2) : group;
+    const bool active = tile < NT16;
+    const int nbw = NB / (sp.w * sp.kc), b0 = (kci * sp.w + i) * nbw;
+    const int4 *ap = a.qs + ((int64_t)tile * NB + b0) * 32 + lane;
+    const uint32_t *sp8 = a.sc + ((int64_t)tile * NB + b0) * 8 + g;
+    const uint2 *xg = (const uint2 *)a.xq + (size_t)b0 * 32 + lane; /* + (n NB + j) 32 for block b0 + j */
+    const float *dg = a.xd + (size_t)b0 * 8 + 2 * c;                /* + (n NB + j) 8 */
+    unsigned char *wb = smem + (size_t)warp * STG * SB;             /* this warp's stages */
+    float *red = (float *)(smem + (size_t)nwarps * STG * SB);
+#define Q8_W(st) ((int4 *)(wb + (st)*SB) + lane)
+#define Q8_S(st) ((uint32_t *)(wb + (st)*SB + 512) + lane)
+#define Q8_X(st, n) ((uint2 *)(wb + (st)*SB + 640) + (n)*32 + lane)
+#define Q8_D(st, n) ((float2 *)(wb + (st)*SB + 640 + NT * 256) + (n)*32 + lane)
+
+    pdl_trigger();
+    /* Weights never change: the first stages' weights (one group) are in flight before the predecessor is
+     * done; their activations (one group per stage) after. Tile j's data is then complete once the groups
+     * up to 1 + j (j < STG) or the refill group of iteration j - STG are: always the oldest but STG - 1. */
+#pragma unroll
+    for (int st = 0; st < STG; st++)
+        if (active && st < nbw) cp_async16(Q8_W(st), ap + st * 32), cp_async4(Q8_S(st), sp8 + st * 8);
+    cp_async_commit();
+    pdl_wait();
+#pragma unroll
+    for (int st = 0; st < STG; st++) {
+        if (active && st < nbw)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                cp_async8(Q8_X(st, n), xg + ((size_t)n * NB + st) * 32),
+                    cp_async8(Q8_D(st, n), dg + ((size_t)n * NB + st) * 8);
+        cp_async_commit();
+    }
+
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (int it = 0; it < nbw; it++) {
+        const int slot = it % STG;
+        cp_async_wait<STG - 1>();
+        if (active) {
+            const int4 A = *Q8_W(slot);
+            const uint32_t S = *Q8_S(slot);
+            const float dw0 = half_lo(S), dw1 = half_hi(S);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const uint2 xv = *Q8_X(slot, n);
+                const float2 dx = *Q8_D(slot, n);
+                int d[4];
+                mma_s8(d, A, xv.x, xv.y);
+                acc[n][0] = __fmaf_rn((float)d[0], __fmul_rn(dw0, dx.x), acc[n][0]);
+                acc[n][1] = __fmaf_rn((float)d[1], __fmul_rn(dw0, dx.y), acc[n][1]);
+                acc[n][2] = __fmaf_rn((float)d[2], __fmul_rn(dw1, dx.x), acc[n][2]);
+                acc[n][3] = __fmaf_rn((float)d[3], __fmul_rn(dw1, dx.y), acc[n][3]);
+            }
+            /* The slot is free once its values are used (the mmas above depend on them). */
+            const int nx = it + STG;
+            if (nx < nbw) {
+                cp_async16(Q8_W(slot), ap + nx * 32), cp_async4(Q8_S(slot), sp8 + nx * 8);
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                    cp_async8(Q8_X(slot, n), xg + ((size_t)n * NB + nx) * 32),
+                        cp_async8(Q8_D(slot, n), dg + ((size_t)n * NB + nx) * 8);
+            }
+        }
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+#undef Q8_W
+#undef Q8_S
+#undef Q8_X
+#undef Q8_D
+
+    const int fin = gemm_merge<NT>(acc, sp, group, kci, red);
+    if (fin < 0) return;
+    if (MODE == Q8_GLU) {
+        /* local rows 0..31: gate, 32..63: up; then one warp per token: silu(g) * u, quantised. */
+        float *gb = red + (size_t)nwarps * NT * 4 * 32;
+        if (fin)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    gb[(8 * n + 2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[n][j];
+        __syncthreads();
+        const int FB = a.N / 64; /* output blocks */
+        for (int t = warp; t < T; t += nwarps) {
+            const float gv = gb[t * 64 + lane], uv = gb[t * 64 + 32 + lane];
+            const float v = gv / (1.0f + expf(-gv)) * uv;
+            float d;
+            a.oq[frag_off(t, group * 32 + lane, FB)] = quant_lane(v, &d);
+            if (lane == 0) a.od[frag_d(t, group, FB)] = d;
+        }
+        return;
+    }
+    if (!fin || !active) return;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int row = tile * 16 + g + (j >> 1) * 8, t = 8 * n + 2 * c + (j & 1);
+            if (t >= T || row >= a.N) continue;
+            float v = acc[n][j];
+            float *o = a.y + (size_t)t * a.ldy + row;
+            if (MODE == Q8_ADD) v = __fadd_rn(ld_cg(o), v);
+            *o = v;
+            if (a.y2) a.y2[(size_t)t * a.ldy2 + row] = v;
+        }
+}
+
+#define Q8_KERNELS(X)                                                                                        \
+    X(1, Q8_STORE)                                                                                           \
+    X(2, Q8_STORE)                                                                                           \
+    X(3, Q8_STORE)                                                                                           \
+    X(4, Q8_STORE) X(1, Q8_ADD) X(2, Q8_ADD) X(3, Q8_ADD) X(4, Q8_ADD) X(1, Q8_GLU) X(2, Q8_GLU)             \
+        X(3, Q8_GLU) X(4, Q8_GLU)
+
+typedef void (*q8_kernel)(const q8_args);
+
+static q8_kernel q8_pick(int NT, int mode) {
+#define X(nt, m)                                                                                             \
+    if (NT == nt && mode == m) return k_q8_gemm<nt, m>;
+    Q8_KERNELS(X)
+#undef X
+    return NULL;
+}
+
+int fmc_q8_init(void) {
+    int bad = 0;
+#define X(nt, m)                                                                                             \
+    bad |= cudaFuncSetAttribute(k_q8_gemm<nt, m>, cudaFuncAttributeMaxDynamicSharedMemorySize,               \
+                                Q8_SMEM_LIMIT) != cudaSuccess;
+    Q8_KERNELS(X)
+#undef X
+    return bad ? -1 : 0;
+}
+
+void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, int T, int8_t *xq, float *xd,
+                  int pdl, cudaStream_t s) {
+    fmc_launch(k_quant, dim3(T), dim3(Q8_THREADS), 0, s, pdl, x, ldx, nw, eps, K, xq, xd);
+}
+
+/* f32 input: the quantiser kernel first. Then launches of at most 32 tokens; only a single-launch product may
+ * use PDL (a later chunk would read data two launches back). */
+static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float *y, int ldy, float *y2,
+                   int ldy2, int8_t *oq, float *od, int pdl, cudaStream_t s) {
+    const int NB = w->K / 32;
+    if (in->x) fmc_q8_quant(in->x, in->ldx, in->nw, in->eps, w->K, T, in->xq, in->xd, pdl, s);
+    const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
+    for (int t0 = 0; t0 < T; t0 += GEMM_MAX_TOK) {
+        const int n = T - t0 < GEMM_MAX_TOK ? T - t0 : GEMM_MAX_TOK, NT = (n + 7) / 8;
+        q8_args a;
+        a.qs = w->qs, a.sc = w->sc, a.N = w->N, a.K = w->K, a.T = n, a.sp = w->sp;
+        a.xq = in->xq + (size_t)(t0 / 8) * NB * 256;
+        a.xd = in->xd + (size_t)(t0 / 8) * NB * 8;
+        a.y = y ? y + (size_t)t0 * ldy : NULL, a.ldy = ldy;
+        a.y2 = y2 ? y2 + (size_t)t0 * ldy2 : NULL, a.ldy2 = ldy2;
+        a.oq = oq ? oq + (size_t)(t0 / 8) * (w->N / 64) * 256 : NULL;
+        a.od = od ? od + (size_t)(t0 / 8) * (w->N / 64) * 8 : NULL;
+        fmc_launch(q8_pick(NT, mode), dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
+                   q8_smem(&w->sp, NT, mode), s, pdl && T <= GEMM_MAX_TOK, a);
+    }
+}
+
+void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, int add, float *y2,
+                   int ldy2, int pdl, cudaStream_t s) {
+    q8_run(w, in, T, add ? Q8_ADD : Q8_STORE, y, ldy, y2, ldy2, NULL, NULL, pdl, s);
+}
+
+void fmc_q8_glu(const fmc_q8 *w, const fmc_q8_in *in, int T, int8_t *oq, float *od, int pdl, cudaStream_t s) {
+    q8_run(w, in, T, Q8_GLU, NULL, 0, NULL, 0, oq, od, pdl, s);
+}

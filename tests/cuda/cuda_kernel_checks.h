@@ -1,0 +1,185 @@
+/* cuda_kernel_checks.h: kernel-level checks of the CUDA backend, part of test_cuda_parity (GPU machine only):
+ * the Q8_0 product (with its quantising / RMSNorm prologue and the SiLU-gate epilogue) and the BF16 product
+ * against the CPU's scalar references on random data, and the T-invariance of the Q8_0 product (a token's
+ * result bit for bit the same whether it runs alone or with up to 39 others). Header-only; included once.
+ * Needs CHECK() and hx_rel_err from the including file. */
+#ifndef FM_TESTS_CUDA_KERNEL_CHECKS_H
+#define FM_TESTS_CUDA_KERNEL_CHECKS_H
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "cuda/cuda_debug.h"
+
+static float kc_uniform(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+/* N rows of K/32 random Q8_0 blocks (scales 1e-3 .. 2e-2, quants -127..127). */
+static fm_block_q8_0 *kc_q8_weights(int N, int K, uint64_t *s) {
+    fm_block_q8_0 *w = malloc(sizeof *w * (size_t)N * (K / 32));
+    for (size_t i = 0; i < (size_t)N * (K / 32); i++) {
+        w[i].d = fm_f32_to_f16(1e-3f + 1e-2f * (kc_uniform(s) + 1.0f));
+        for (int j = 0; j < 32; j++) w[i].qs[j] = (int8_t)lrintf(127.0f * kc_uniform(s));
+    }
+    return w;
+}
+
+/* ggml's quantize_row_q8_0_ref, formula for formula: n values to n/32 blocks. */
+static void kc_quant(const float *x, fm_block_q8_0 *y, int n) {
+    for (int b = 0; b < n / 32; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = fm_f32_to_f16(d);
+        for (int j = 0; j < 32; j++) y[b].qs[j] = (int8_t)roundf(x[32 * b + j] * id);
+    }
+}
+
+/* The scalar reference: RMSNorm (double sum, as qwen3.c) when nw, Q8_0 quantisation, then per row and block
+ * the exact int32 dot and s += isum * (d_w * d_x) in f32, block by block, as ggml's vec_dot_q8_0_q8_0. */
+static void kc_q8_ref(const fm_block_q8_0 *w, int N, int K, const float *x, const float *nw, float eps, int T,
+                      float *y) {
+    const int nb = K / 32;
+    float *xn = malloc(sizeof(float) * K);
+    fm_block_q8_0 *xq = malloc(sizeof *xq * nb);
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * K;
+        float r = 1.0f;
+        if (nw) {
+            double ss = 0;
+            for (int i = 0; i < K; i++) ss += (double)xr[i] * xr[i];
+            r = (float)(1.0 / sqrt(ss / K + (double)eps));
+        }
+        for (int i = 0; i < K; i++) xn[i] = nw ? xr[i] * r * nw[i] : xr[i];
+        kc_quant(xn, xq, K);
+        for (int row = 0; row < N; row++) {
+            const fm_block_q8_0 *wr = w + (size_t)row * nb;
+            float s = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                int32_t isum = 0;
+                for (int j = 0; j < 32; j++) isum += (int32_t)wr[b].qs[j] * xq[b].qs[j];
+                s += (float)isum * (fm_f16_to_f32(wr[b].d) * fm_f16_to_f32(xq[b].d));
+            }
+            y[(size_t)t * N + row] = s;
+        }
+    }
+    free(xn), free(xq);
+}
+
+static void kc_check_q8(int N, int K, int use_norm, uint64_t seed) {
+    uint64_t s = seed;
+    const int Ts[] = {1, 8, 17, 40};
+    fm_block_q8_0 *w = kc_q8_weights(N, K, &s);
+    float *x = malloc(sizeof(float) * 40 * K), *nw = malloc(sizeof(float) * K);
+    for (int i = 0; i < 40 * K; i++) x[i] = 3.0f * kc_uniform(&s);
+    for (int i = 0; i < K; i++) nw[i] = 1.0f + 0.5f * kc_uniform(&s);
+    float *y = malloc(sizeof(float) * 40 * N), *y1 = malloc(sizeof(float) * 40 * N),
+          *r = malloc(sizeof(float) * 40 * N);
+    for (int ti = 0; ti < 4; ti++) {
+        const int T = Ts[ti];
+        const float *n = use_norm ? nw : NULL;
+        const int rc = fm_cuda_debug_q8_matmul(w, N, K, x, n, 1e-6f, T, 32, 0, y) ||
+                       fm_cuda_debug_q8_matmul(w, N, K, x, n, 1e-6f, T, 1, 0, y1);
+        kc_q8_ref(w, N, K, x, n, 1e-6f, T, r);
+        const double e = hx_rel_err(y, r, (size_t)T * N);
+        /* Plain quantisation is bit-identical to the CPU's, and each block's int32 dot is exact: only the f32
+         * order of at most K/32 block terms differs (each rounding <= 2^-24 of a partial sum), ~1e-6 of
+         * max |y| for random data; 1e-4 leaves room. With the RMSNorm the double sums differ in order, r can
+         * differ by an ulp and flip one int8 rounding (1/127 of a block's range): 3e-2, as the model test. */
+        const double tol = use_norm ? 3e-2 : 1e-4;
+        CHECK(!rc && e < tol, "kernel q8 N=%d K=%d T=%d%s: rel err vs CPU scalar %.2e (tol %.0e)", N, K, T,
+              use_norm ? " rmsnorm" : "", e, tol);
+        CHECK(!rc && !memcmp(y, y1, sizeof(float) * (size_t)T * N),
+              "kernel q8 N=%d K=%d T=%d%s: one launch == %d single-token launches bit for bit", N, K, T,
+              use_norm ? " rmsnorm" : "", T);
+    }
+    free(w), free(x), free(nw), free(y), free(y1), free(r);
+}
+
+static void kc_check_glu(int F, int K, uint64_t seed) {
+    uint64_t s = seed;
+    const int N = 2 * F, T = 17;
+    fm_block_q8_0 *w = kc_q8_weights(N, K, &s);
+    float *x = malloc(sizeof(float) * T * K), *nw = malloc(sizeof(float) * K);
+    for (int i = 0; i < T * K; i++) x[i] = kc_uniform(&s);
+    for (int i = 0; i < K; i++) nw[i] = 1.0f + 0.5f * kc_uniform(&s);
+    float *h = malloc(sizeof(float) * T * F), *h1 = malloc(sizeof(float) * T * F);
+    float *gu = malloc(sizeof(float) * T * N), *ref = malloc(sizeof(float) * T * F);
+    const int rc = fm_cuda_debug_q8_matmul(w, N, K, x, nw, 1e-6f, T, 32, 1, h) ||
+                   fm_cuda_debug_q8_matmul(w, N, K, x, nw, 1e-6f, T, 1, 1, h1);
+    kc_q8_ref(w, N, K, x, nw, 1e-6f, T, gu);
+    /* The CPU's SiLU * up, quantised to Q8_0 and dequantised as the next product sees it. */
+    float *v = malloc(sizeof(float) * F);
+    fm_block_q8_0 *q = malloc(sizeof *q * (F / 32));
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < F; i++) {
+            const float g = gu[(size_t)t * N + i], u = gu[(size_t)t * N + F + i];
+            v[i] = g / (1.0f + expf(-g)) * u;
+        }
+        kc_quant(v, q, F);
+        for (int i = 0; i < F; i++)
+            ref[(size_t)t * F + i] = fm_f16_to_f32(q[i / 32].d) * (float)q[i / 32].qs[i % 32];
+    }
+    const double e = hx_rel_err(h, ref, (size_t)T * F);
+    /* 3e-2: the model test's tolerance (RMSNorm in a different double order, then int8 roundings). */
+    CHECK(!rc && e < 3e-2, "kernel q8 gate/up + SiLU F=%d K=%d T=%d: rel err vs CPU %.2e (tol 3e-2)", F, K, T,
+          e);
+    CHECK(!rc && !memcmp(h, h1, sizeof(float) * (size_t)T * F),
+          "kernel q8 gate/up + SiLU F=%d K=%d: one launch of %d == single-token launches bit for bit", F, K,
+          T);
+    free(w), free(x), free(nw), free(h), free(h1), free(gu), free(ref), free(v), free(q);
+}
+
+static void kc_check_bf16(int N, int K, int T, int mode, uint64_t seed) {
+    uint64_t s = seed;
+    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)N * K);
+    float *x = malloc(sizeof(float) * (size_t)T * K), *bias = malloc(sizeof(float) * N);
+    float *gate = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * (size_t)T * N);
+    float *ref = malloc(sizeof(float) * (size_t)T * N);
+    for (size_t i = 0; i < (size_t)N * K; i++) w[i] = fm_f32_to_bf16(0.05f * kc_uniform(&s));
+    for (size_t i = 0; i < (size_t)T * K; i++) x[i] = kc_uniform(&s);
+    for (int i = 0; i < N; i++) bias[i] = 0.1f * kc_uniform(&s), gate[i] = kc_uniform(&s);
+    for (size_t i = 0; i < (size_t)T * N; i++) y[i] = kc_uniform(&s); /* the residual for the gated add */
+    /* The scalar reference: f32 products of bf16 weights and f32 activations, summed in order, + bias. */
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < N; r++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += fm_bf16_to_f32(w[(size_t)r * K + k]) * x[(size_t)t * K + k];
+            ref[(size_t)t * N + r] = acc + bias[r];
+        }
+    for (size_t i = 0; i < (size_t)T * N; i++) {
+        const float v = ref[i];
+        ref[i] = mode == 1   ? 0.5f * v * (1.0f + erff(v * 0.70710678118654752f))
+                 : mode == 2 ? y[i] + gate[i % N] * v
+                             : v;
+    }
+    const int rc = fm_cuda_debug_bf16_matmul(w, N, K, x, T, bias, mode, gate, y);
+    const double e = hx_rel_err(y, ref, (size_t)T * N);
+    /* x is carried as bf16 hi + lo (~16 mantissa bits, 2^-17 relative per product) and summed in f32 in
+     * another order: ~1e-5 of max |y| for random data; 1e-3 leaves room. */
+    CHECK(!rc && e < 1e-3, "kernel bf16 N=%d K=%d T=%d mode %d: rel err vs CPU scalar %.2e (tol 1e-3)", N, K,
+          T, mode, e);
+    free(w), free(x), free(bias), free(gate), free(y), free(ref);
+}
+
+static void kc_run_all(void) {
+    /* Shapes that take each split of gemm_plan: warps per tile w and blocks per row group kc. */
+    kc_check_q8(40, 96, 0, 1);    /* rows past a 16-row tile, K/32 = 3: w = 1 */
+    kc_check_q8(256, 1024, 0, 2); /* w = 4, kc = 1 */
+    kc_check_q8(64, 4096, 0, 3);  /* kc = 2: merged by the last block */
+    kc_check_q8(48, 8192, 0, 4);  /* kc = 4 */
+    kc_check_q8(16400, 64, 0, 5); /* w = 2, a partial last tile */
+    kc_check_q8(256, 1024, 1, 6); /* RMSNorm in the quantiser */
+    kc_check_glu(96, 256, 7);     /* gate/up group of 4 tiles, kc = 1 */
+    kc_check_glu(96, 2048, 8);    /* kc = 2 */
+    kc_check_bf16(40, 64, 1, 0, 9);
+    kc_check_bf16(300, 2048, 16, 0, 10); /* kc = 2 */
+    kc_check_bf16(300, 2048, 17, 1, 11);
+    kc_check_bf16(2048, 512, 40, 2, 12);
+}
+
+#endif
