@@ -99,12 +99,17 @@ int main(int argc, char **argv) {
     }
     const double prefill_s = hx_now() - t0;
     if (getenv("FM_BENCH_PROFILE")) {
-        /* For `ncu --profile-from-start off`: two plain steps (graphs + PDL) at position NP, then stop. */
-        for (int i = 0; i < 3; i++) {
-            int32_t in = next;
+        /* For `ncu --profile-from-start off`: 1: a plain step, 2: a verify(17) block, 3: a draft, each once
+         * warm (graphs + PDL) and then inside the profiled range. */
+        const int what = atoi(getenv("FM_BENCH_PROFILE"));
+        for (int i = 0; i < 2; i++) {
+            int32_t in = next, out[64];
             if (i == 1) cudaProfilerStart();
-            if (G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err))
-                return fprintf(stderr, "step: %s\n", err), 1;
+            const int rc = what == 1   ? G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err)
+                           : what == 2 ? G.eval(G.ctx, prompt + NP, 17, 1, am, err, sizeof err)
+                                       : G.draft(G.ctx, next, NP, out, err, sizeof err);
+            if (rc) return fprintf(stderr, "profile: %s\n", err), 1;
+            if (what == 1 || what == 2) G.rewind(G.ctx, NP);
         }
         cudaProfilerStop();
         return 0;

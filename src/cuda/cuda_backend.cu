@@ -83,6 +83,8 @@ struct fm_cuda_backend {
     unsigned long long *dam;
     int32_t *d_anchor;
     int *d_dpos;
+    int dsplits;    /* FMC_ATT_SPLIT-key splits of the drafter's context */
+    float *dpart;   /* [block][n_heads][dsplits][head_dim + 2] */
     float *pending; /* [pend_cap][fw] */
     int pend_rows, pend_start, pend_cap;
 };
@@ -225,6 +227,8 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
     if (H != b->dim || hp->feat_width != b->fw)
         return fail(err, errlen, "cuda: drafter widths do not match the target's captured features");
     if (H % 32) return fail(err, errlen, "cuda: drafter target_dim must be a multiple of 32");
+    if (hd % 8 || hd > 256)
+        return fail(err, errlen, "cuda: drafter head_dim must be a multiple of 8, at most 256");
     if (d->max_ctx + 1 > FMC_DR_ATT_MAX_L)
         return fail(err, errlen,
                     "cuda: drafter context too long for the CUDA cross-attention (40000 positions)");
@@ -283,6 +287,8 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
     DALLOC(b->dam, (size_t)K * 8);
     DALLOC(b->d_anchor, 4);
     DALLOC(b->d_dpos, 4);
+    b->dsplits = (b->dmax_ctx + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
+    DALLOC(b->dpart, (size_t)K * hp->n_heads * b->dsplits * (hd + 2) * 4);
     b->pend_cap = b->max_eval + DRAFT_ROWS;
     DALLOC(b->pending, (size_t)b->pend_cap * b->fw * 4);
     return 0;
@@ -689,8 +695,7 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
         fmc_bf16_matmul(&L->cq, b->dh, D, K, b->dqkv, D, NULL, FMC_BF16_STORE, NULL, pdl, s);
         fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL, NULL,
                          NULL, s);
-        fmc_dr_attention(b->dqkv, D, K, NULL, NULL, 0, L->kc, L->vc, b->d_dpos, 1, b->dmax_ctx, nh, hd,
-                         b->datt, s);
+        fmc_attention_f32(b->dqkv, K, nh, hd, L->kc, L->vc, b->d_dpos, b->dsplits, b->dpart, b->datt, s);
         fmc_bf16_matmul(&L->co, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl, s);
 
         m = mod_at(b, l * 3 + 2);

@@ -10,10 +10,10 @@
 
 enum { GEMM_MAX_TOK = 32, GEMM_SLOT = 4 * 4 * 32 /* floats of one tile's partial, 4 n-tiles */ };
 
-/* Pipeline depth (tiles in flight per warp): 8, or 6 for 17..32 tokens, whose activation fragments make a
+/* Pipeline depth (tiles in flight per warp): 8, or 4 for 17..32 tokens, whose activation fragments make a
  * stage large. */
 __host__ __device__ constexpr int gemm_stages(int NT) {
-    return NT <= 2 ? 8 : 6;
+    return NT <= 2 ? 8 : 4;
 }
 
 /* nb: K blocks of a row tile (K/32 for Q8_0, K/16 for BF16). Warps per tile w: 4 (1 for the gate/up group of

@@ -190,7 +190,8 @@ __device__ __forceinline__ float half_hi(uint32_t s) {
 }
 
 /* Bytes of one pipeline stage of a warp: the tile (512), its scale pairs (32 lanes x 4) and, per 8-token
- * n-tile, the activation fragments (32 x 8) and the scale pairs each lane needs (32 x 8). */
+ * n-tile, the activation fragments (32 x 8; tokens past T zero-filled, not read) and the scale pairs each
+ * lane needs (32 x 8). */
 __host__ __device__ constexpr int q8_stage_bytes(int NT) {
     return 640 + 512 * NT;
 }
@@ -240,7 +241,7 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
         if (active && st < nbw)
 #pragma unroll
             for (int n = 0; n < NT; n++)
-                cp_async8(Q8_X(st, n), xg + ((size_t)n * NB + st) * 32),
+                cp_async8(Q8_X(st, n), xg + ((size_t)n * NB + st) * 32, 8 * n + g < T ? 8 : 0),
                     cp_async8(Q8_D(st, n), dg + ((size_t)n * NB + st) * 8);
         cp_async_commit();
     }
@@ -272,7 +273,7 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
                 cp_async16(Q8_W(slot), ap + nx * 32), cp_async4(Q8_S(slot), sp8 + nx * 8);
 #pragma unroll
                 for (int n = 0; n < NT; n++)
-                    cp_async8(Q8_X(slot, n), xg + ((size_t)n * NB + nx) * 32),
+                    cp_async8(Q8_X(slot, n), xg + ((size_t)n * NB + nx) * 32, 8 * n + g < T ? 8 : 0),
                         cp_async8(Q8_D(slot, n), dg + ((size_t)n * NB + nx) * 8);
             }
         }
@@ -325,8 +326,8 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
     X(1, Q8_STORE)                                                                                           \
     X(2, Q8_STORE)                                                                                           \
     X(3, Q8_STORE)                                                                                           \
-    X(4, Q8_STORE) X(1, Q8_ADD) X(2, Q8_ADD) X(3, Q8_ADD) X(4, Q8_ADD) X(1, Q8_GLU) X(2, Q8_GLU)             \
-        X(3, Q8_GLU) X(4, Q8_GLU)
+    X(4, Q8_STORE)                                                                                           \
+    X(1, Q8_ADD) X(2, Q8_ADD) X(3, Q8_ADD) X(4, Q8_ADD) X(1, Q8_GLU) X(2, Q8_GLU) X(3, Q8_GLU) X(4, Q8_GLU)
 
 typedef void (*q8_kernel)(const q8_args);
 
