@@ -1,8 +1,10 @@
 /* bench_kernels.c: fm_matmul throughput per weight type and ISA level, for the Qwen3-4B MLP shapes
- * (9728x2560 gate/up, 2560x9728 down) and T tokens per call. Prints weight GB/s (bytes of W read per second,
- * each byte once per call) and GFLOP/s (2 * rows * cols * T per call).
- * Usage: bench_kernels [threads=2] [seconds_per_case=0.3] [max_scalar_T=1] [type: f32|f16|bf16|q8_0]
- * Weights rotate over enough copies to exceed 128 MB, so they come from DRAM, not the L3. */
+ * (9728x2560 gate/up, 2560x9728 down) and T tokens per call. Prints the best and the median time per call
+ * (the machine may be shared: the best is what the kernel can do, the median what a busy machine gave),
+ * weight GB/s (bytes of W read per second, each byte once per call) and GFLOP/s (2 * rows * cols * T per
+ * call) at the best time and at the median, and the best time relative to T = 1. Usage: bench_kernels
+ * [threads=2] [seconds_per_case=0.3] [max_scalar_T=1] [type: f32|f16|bf16|q8_0] [T list, e.g. 1,8,17,64,256
+ * (the default)] Weights rotate over enough copies to exceed 128 MB, so they come from DRAM, not the L3. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,11 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
 static uint64_t rng = 88172645463325252ull;
@@ -55,14 +62,26 @@ int main(int argc, char **argv) {
         return 2;
     }
     static const int64_t shapes[][2] = {{9728, 2560}, {2560, 9728}};
-    static const int Ts[] = {1, 8, 17, 64, 256};
-    const int nT = (int)(sizeof Ts / sizeof *Ts);
+    int Ts[16] = {1, 8, 17, 64, 256}, nT = 5;
+    if (argc > 5) {
+        nT = 0;
+        for (const char *p = argv[5]; *p && nT < 16;) {
+            char *end;
+            const long v = strtol(p, &end, 10);
+            if (end == p || v < 1 || v > 256) {
+                fprintf(stderr, "bad T list %s (1..256, comma-separated)\n", argv[5]);
+                return 2;
+            }
+            Ts[nT++] = (int)v;
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
     fm_pool *pool = fm_pool_create(threads);
     const fm_isa best = fm_cpu_isa_best();
     printf("bench_kernels: %d threads, best ISA %s, %.2f s per case\n", fm_pool_size(pool), fm_isa_name(best),
            secs);
-    printf("%-5s %-7s %-11s %4s %9s %8s %9s %9s\n", "type", "isa", "shape", "T", "ms/call", "GB/s", "GFLOP/s",
-           "x T=1");
+    printf("%-5s %-7s %-11s %4s %9s %9s %8s %9s %9s %7s\n", "type", "isa", "shape", "T", "best ms",
+           "median ms", "GB/s", "GFLOP/s", "(median)", "x T=1");
     float *x = malloc(sizeof(float) * 256 * 9728), *y = malloc(sizeof(float) * 256 * 9728);
     for (int i = 0; i < 256 * 9728; i++) x[i] = (float)(rnd() % 2000) * 1e-3f - 1.0f;
     for (int dt = 0; dt < FM_DTYPE_COUNT; dt++) {
@@ -85,25 +104,28 @@ int main(int argc, char **argv) {
                     if (lvl == FM_ISA_SCALAR && T > max_scalar_T) continue;
                     fm_matrix w = {(fm_dtype)dt, rows, cols, data};
                     fm_matmul(pool, &w, x, T, y, NULL); /* warm-up: workspace, page faults */
+                    enum { MAX_REPS = 1 << 16 };
+                    static double times[MAX_REPS];
                     int reps = 0;
-                    double best_call = 1e30, t0 = now_s(), elapsed = 0;
+                    const double t0 = now_s();
                     do {
                         w.data = data + bytes * (size_t)(reps % ncopies);
-                        double c0 = now_s();
+                        const double c0 = now_s();
                         fm_matmul(pool, &w, x, T, y, NULL);
-                        double c = now_s() - c0;
-                        best_call = c < best_call ? c : best_call;
-                        reps++;
-                        elapsed = now_s() - t0;
-                    } while (elapsed < secs || reps < 3);
-                    const double per = elapsed / reps; /* mean: includes the busy-machine noise */
-                    if (T == 1) t1 = per;
+                        times[reps++] = now_s() - c0;
+                    } while (reps < MAX_REPS && (now_s() - t0 < secs || reps < 5));
+                    qsort(times, (size_t)reps, sizeof *times, cmp_double);
+                    const double t_best = times[0], t_med = times[reps / 2];
+                    const double flop = 2.0 * (double)rows * (double)cols * T;
+                    if (T == 1) t1 = t_best;
                     char shape[32];
                     snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
-                    printf("%-5s %-7s %-11s %4d %9.3f %8.1f %9.1f %9.2f  (best %.3f ms)\n",
-                           fm_dtype_name((fm_dtype)dt), fm_isa_name((fm_isa)lvl), shape, T, per * 1e3,
-                           (double)bytes / per * 1e-9, 2.0 * (double)rows * (double)cols * T / per * 1e-9,
-                           per / t1, best_call * 1e3);
+                    char ratio[16] = "-";
+                    if (t1 > 0) snprintf(ratio, sizeof ratio, "%.2f", t_best / t1);
+                    printf("%-5s %-7s %-11s %4d %9.3f %9.3f %8.1f %9.1f %9.1f %7s\n",
+                           fm_dtype_name((fm_dtype)dt), fm_isa_name((fm_isa)lvl), shape, T, t_best * 1e3,
+                           t_med * 1e3, (double)bytes / t_best * 1e-9, flop / t_best * 1e-9,
+                           flop / t_med * 1e-9, ratio);
                     fflush(stdout);
                 }
             }
