@@ -3,7 +3,7 @@
 # Build: a C compiler, CMake, pkg-config and the libraries below. Tests: python3 (standard library only).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libpcre2-dev libutf8proc-dev libcjson-dev libcurl4-openssl-dev libssl-dev
-      clang-14 libclang-rt-14-dev clang-format python3)
+      libmicrohttpd-dev clang-14 libclang-rt-14-dev clang-format python3)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

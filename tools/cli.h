@@ -10,5 +10,6 @@ int cmd_synth(int argc, char **argv);
 int cmd_synth_drafter(int argc, char **argv); /* `synth drafter ...`, called by cmd_synth */
 int cmd_pull(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

@@ -13,6 +13,7 @@ static const struct {
     {"chat", cmd_chat, "interactive chat that keeps the conversation and its KV cache"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"synth", cmd_synth, "write random-weight models (target GGUF or drafter safetensors)"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server (completions and chat, streaming)"},
     {"pull", cmd_pull, "download the default pinned models into the cache"},
     {"bench", cmd_bench, "measure step, verify, draft, prefill and end-to-end speed"},
 };

@@ -1,0 +1,192 @@
+/* serve_openai.c: OpenAI-shaped JSON for `flashmap serve` (see serve_openai.h). The objects are built with
+ * cJSON; generated text goes in as a raw item escaped here, since cJSON strings stop at a NUL byte. */
+#include "serve_openai.h"
+
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int serve_error_set(serve_error *e, int status, const char *type, const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = NULL;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static char *print_and_free(cJSON *root) {
+    char *s = root ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return s;
+}
+
+/* A JSON string literal (quotes included) of n bytes of UTF-8 text, which may hold NULs. */
+static char *json_string(const char *s, size_t n) {
+    char *out = malloc(6 * n + 3), *o = out;
+    if (!out) return NULL;
+    *o++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            *o++ = '\\';
+            *o++ = (char)c;
+        } else if (c == '\n') {
+            *o++ = '\\';
+            *o++ = 'n';
+        } else if (c < 0x20) {
+            o += sprintf(o, "\\u%04x", c);
+        } else {
+            *o++ = (char)c;
+        }
+    }
+    *o++ = '"';
+    *o = 0;
+    return out;
+}
+
+/* Adds "name": "<text>" to obj; 0 or -1 (out of memory). */
+static int add_text(cJSON *obj, const char *name, const char *text, size_t len) {
+    char *lit = json_string(text ? text : "", text ? len : 0);
+    cJSON *item = lit ? cJSON_AddRawToObject(obj, name, lit) : NULL;
+    free(lit);
+    return item ? 0 : -1;
+}
+
+char *serve_openai_error(const serve_error *e) {
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error");
+    if (e->param[0])
+        cJSON_AddStringToObject(err, "param", e->param);
+    else
+        cJSON_AddNullToObject(err, "param");
+    if (e->code)
+        cJSON_AddStringToObject(err, "code", e->code);
+    else
+        cJSON_AddNullToObject(err, "code");
+    return print_and_free(root);
+}
+
+static cJSON *head_object(const serve_reply_head *h, int chunk) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "id", h->id);
+    cJSON_AddStringToObject(root, "object",
+                            h->kind == SERVE_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                  : "text_completion");
+    cJSON_AddNumberToObject(root, "created", (double)h->created);
+    cJSON_AddStringToObject(root, "model", h->model);
+    return root;
+}
+
+static void add_usage(cJSON *root, const fm_generate_stats *st) {
+    cJSON *u = cJSON_AddObjectToObject(root, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", st->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", st->n_generated);
+    cJSON_AddNumberToObject(u, "total_tokens", st->n_prompt + st->n_generated);
+}
+
+/* flashmap's extension: how the request was decoded (the same names as `generate --json` stats). */
+static void add_flashmap(cJSON *root, const serve_reply_end *end) {
+    const fm_generate_stats *st = &end->st;
+    cJSON *f = cJSON_AddObjectToObject(root, "flashmap");
+    cJSON_AddBoolToObject(f, "speculative", end->speculative);
+    cJSON_AddNumberToObject(f, "rounds", st->rounds);
+    cJSON_AddNumberToObject(f, "accepted", st->accepted);
+    cJSON_AddNumberToObject(f, "mean_accepted", st->rounds ? (double)st->accepted / st->rounds : 0);
+    cJSON_AddNumberToObject(f, "plain_steps", st->plain_steps);
+    cJSON_AddNumberToObject(f, "queue_s", end->queue_s);
+    cJSON_AddNumberToObject(f, "prefill_s", st->prefill_s);
+    cJSON_AddNumberToObject(f, "decode_s", st->decode_s);
+    cJSON_AddNumberToObject(f, "prefill_tok_s", st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0);
+    cJSON_AddNumberToObject(f, "decode_tok_s",
+                            st->decode_s > 0 && st->n_generated > 1 ? (st->n_generated - 1) / st->decode_s
+                                                                    : 0);
+    cJSON_AddNumberToObject(f, "draft_s", st->draft_s);
+    cJSON_AddNumberToObject(f, "verify_s", st->verify_s);
+    cJSON_AddStringToObject(f, "stop", end->stop);
+}
+
+/* One choice: {"index": 0, "text" | "message" | "delta": ..., "logprobs": null, "finish_reason": ...}. */
+static int add_choice(cJSON *root, const serve_reply_head *h, int chunk, const char *text, size_t len,
+                      int role, const char *finish) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    int rc = 0;
+    if (h->kind == SERVE_COMPLETION) {
+        rc = add_text(c, "text", text, len);
+    } else {
+        cJSON *m = cJSON_AddObjectToObject(c, chunk ? "delta" : "message");
+        if (role) cJSON_AddStringToObject(m, "role", "assistant");
+        if (!chunk || len > 0 || role) rc = add_text(m, "content", text, len);
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    return rc;
+}
+
+char *serve_openai_reply(const serve_reply_head *h, const char *text, size_t len,
+                         const serve_reply_end *end) {
+    cJSON *root = head_object(h, 0);
+    if (add_choice(root, h, 0, text, len, 1, end->finish_reason)) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    add_usage(root, &end->st);
+    add_flashmap(root, end);
+    return print_and_free(root);
+}
+
+/* "data: <json>\n\n" around a printed object. */
+static char *sse_event(char *json) {
+    if (!json) return NULL;
+    size_t n = strlen(json) + 9;
+    char *ev = malloc(n);
+    if (ev) snprintf(ev, n, "data: %s\n\n", json);
+    free(json);
+    return ev;
+}
+
+char *serve_openai_chunk(const serve_reply_head *h, const char *text, size_t len, int role_delta,
+                         const serve_reply_end *end) {
+    cJSON *root = head_object(h, 1);
+    if (add_choice(root, h, 1, text, len, role_delta, end ? end->finish_reason : NULL)) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    if (end) add_flashmap(root, end);
+    return sse_event(print_and_free(root));
+}
+
+char *serve_openai_usage_chunk(const serve_reply_head *h, const fm_generate_stats *st) {
+    cJSON *root = head_object(h, 1);
+    cJSON_AddArrayToObject(root, "choices");
+    add_usage(root, st);
+    return sse_event(print_and_free(root));
+}
+
+char *serve_openai_error_chunk(const serve_error *e) {
+    return sse_event(serve_openai_error(e));
+}
+
+char *serve_openai_models(const char *model, long created, int n_ctx) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
+    cJSON_AddStringToObject(m, "id", model);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "flashmap");
+    cJSON_AddNumberToObject(m, "max_model_len", n_ctx);
+    return print_and_free(root);
+}
