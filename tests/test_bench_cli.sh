@@ -89,5 +89,15 @@ check "generate with stored and q8_0 drafter weights: same tokens" \
   test "$(grep -o '"tokens":\[[^]]*\]' "$tmp/g1.json")" = "$(grep -o '"tokens":\[[^]]*\]' "$tmp/g2.json")"
 check "generate printed tokens" grep -q '"tokens":\[[0-9]' "$tmp/g1.json"
 
+# --json keeps every byte of the text, NUL bytes included (this tiny model emits token 0 in this reply).
+"$cli" generate -m "$tmp/t.gguf" --chat -p Hi -n 120 >"$tmp/plain.txt" 2>/dev/null
+"$cli" generate -m "$tmp/t.gguf" --chat -p Hi -n 120 --json >"$tmp/g3.json" 2>/dev/null
+check "the reply holds a NUL byte (else this check tests nothing)" \
+  python3 -c 'import sys; sys.exit(0 if b"\0" in open(sys.argv[1], "rb").read() else 1)' "$tmp/plain.txt"
+check "generate --json text == plain output (less its final newline), byte for byte" python3 -c '
+import json, sys
+text = json.load(open(sys.argv[1]))["text"].encode("utf-8", "surrogatepass")
+sys.exit(0 if text + b"\n" == open(sys.argv[2], "rb").read() else 1)' "$tmp/g3.json" "$tmp/plain.txt"
+
 if [ "$fail" = 0 ]; then echo "test_bench_cli: all checks passed"; fi
 exit "$fail"

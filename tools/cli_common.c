@@ -1,5 +1,6 @@
 #include "cli_common.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,4 +113,35 @@ int cli_parse_draft_weights(const char *cmd, const char *opt, const char *s, int
         }
     fprintf(stderr, "flashmap %s: %s expects auto, q8_0 or stored, got '%s'\n", cmd, opt, s);
     return -1;
+}
+
+/* A JSON string literal (quotes included) of n bytes, escaping quotes, backslashes and control bytes. */
+static char *json_string(const char *s, size_t n) {
+    char *out = malloc(6 * n + 3), *o = out;
+    if (!out) return NULL;
+    *o++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            *o++ = '\\';
+            *o++ = (char)c;
+        } else if (c == '\n') {
+            *o++ = '\\';
+            *o++ = 'n';
+        } else if (c < 0x20) {
+            o += sprintf(o, "\\u%04x", c);
+        } else {
+            *o++ = (char)c;
+        }
+    }
+    *o++ = '"';
+    *o = 0;
+    return out;
+}
+
+int cli_json_add_text(cJSON *obj, const char *name, const char *text, size_t n) {
+    char *lit = json_string(text ? text : "", text ? n : 0);
+    cJSON *item = lit ? cJSON_AddRawToObject(obj, name, lit) : NULL;
+    free(lit);
+    return item ? 0 : -1;
 }

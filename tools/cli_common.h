@@ -15,6 +15,10 @@ int cli_parse_draft_weights(const char *cmd, const char *opt, const char *s, int
 int cli_parse_id_list(const char *cmd, const char *opt, const char *s, int32_t **ids, int *n);
 /* Whole file into a malloc'd NUL-terminated buffer; -1 with a message naming the file. */
 int cli_read_file(const char *cmd, const char *path, char **data, size_t *len);
+/* Adds "name": "<text>" to a cJSON object for n bytes of UTF-8 text that may hold NUL bytes (cJSON's own
+ * strings stop at the first NUL); 0, or -1 when out of memory. */
+struct cJSON;
+int cli_json_add_text(struct cJSON *obj, const char *name, const char *text, size_t n);
 /* The value of option argv[*i] (advancing *i), or NULL with a message when it is missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 

@@ -268,8 +268,8 @@ static void print_json(fm_engine *e, const int32_t *prompt, int n_prompt, const 
     char *text = NULL, err[FM_ERRBUF_SIZE];
     size_t len = 0;
     if (fm_detokenize(e, toks, (size_t)n_toks, &text, &len, err, sizeof err))
-        text = NULL; /* ids-only model */
-    cJSON_AddStringToObject(root, "text", text ? text : "");
+        text = NULL;                            /* ids-only model */
+    cli_json_add_text(root, "text", text, len); /* the text may hold NUL bytes */
     free(text);
     cJSON *s = cJSON_AddObjectToObject(root, "stats");
     cJSON_AddNumberToObject(s, "prompt_tokens", st->n_prompt);

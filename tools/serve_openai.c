@@ -1,6 +1,8 @@
 /* serve_openai.c: OpenAI-shaped JSON for `flashmap serve` (see serve_openai.h). The objects are built with
- * cJSON; generated text goes in as a raw item escaped here, since cJSON strings stop at a NUL byte. */
+ * cJSON; generated text goes in through cli_json_add_text, since cJSON strings stop at a NUL byte. */
 #include "serve_openai.h"
+
+#include "cli_common.h"
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -24,38 +26,6 @@ static char *print_and_free(cJSON *root) {
     char *s = root ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
     return s;
-}
-
-/* A JSON string literal (quotes included) of n bytes of UTF-8 text, which may hold NULs. */
-static char *json_string(const char *s, size_t n) {
-    char *out = malloc(6 * n + 3), *o = out;
-    if (!out) return NULL;
-    *o++ = '"';
-    for (size_t i = 0; i < n; i++) {
-        const unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') {
-            *o++ = '\\';
-            *o++ = (char)c;
-        } else if (c == '\n') {
-            *o++ = '\\';
-            *o++ = 'n';
-        } else if (c < 0x20) {
-            o += sprintf(o, "\\u%04x", c);
-        } else {
-            *o++ = (char)c;
-        }
-    }
-    *o++ = '"';
-    *o = 0;
-    return out;
-}
-
-/* Adds "name": "<text>" to obj; 0 or -1 (out of memory). */
-static int add_text(cJSON *obj, const char *name, const char *text, size_t len) {
-    char *lit = json_string(text ? text : "", text ? len : 0);
-    cJSON *item = lit ? cJSON_AddRawToObject(obj, name, lit) : NULL;
-    free(lit);
-    return item ? 0 : -1;
 }
 
 char *serve_openai_error(const serve_error *e) {
@@ -120,11 +90,11 @@ static int add_choice(cJSON *root, const serve_reply_head *h, int chunk, const c
     cJSON_AddNumberToObject(c, "index", 0);
     int rc = 0;
     if (h->kind == SERVE_COMPLETION) {
-        rc = add_text(c, "text", text, len);
+        rc = cli_json_add_text(c, "text", text, len);
     } else {
         cJSON *m = cJSON_AddObjectToObject(c, chunk ? "delta" : "message");
         if (role) cJSON_AddStringToObject(m, "role", "assistant");
-        if (!chunk || len > 0 || role) rc = add_text(m, "content", text, len);
+        if (!chunk || len > 0 || role) rc = cli_json_add_text(m, "content", text, len);
     }
     cJSON_AddNullToObject(c, "logprobs");
     if (finish)
