@@ -31,7 +31,7 @@ enum {
     G8 = 8,                   /* blocks per group */
     GROUP8 = FM_Q8_VECS * 32, /* bytes of an int8 group */
     GROUP16 = 2 * GROUP8,     /* bytes of an int16 group */
-    Q8_PACK_MIN_T = 8,        /* batches of this size and more take the packed path */
+    Q8_PACK_MIN_T = 9,        /* batches of this size and more take the packed path */
     Q8_PREFETCH = 1536,       /* bytes ahead of its reads that a row stream prefetches */
     Q8_PACK_L2 = 256 << 10,   /* packed rows per chunk: as many as fit in this much of the L2 */
     Q8_SEG_GROUPS = 12,       /* groups per segment of a row (<= 24 KB of a 4-token tile's activations) */

@@ -1,9 +1,10 @@
 /* matmul_q8_avx512.c: the AVX-512 VNNI Q8_0 kernel (F/BW/VL/DQ + VNNI; runs only after matmul.c checked
  * avx512vnni). Same scheme as matmul_q8_avx2.c with 16 blocks per group (one per 32-bit lane of a zmm):
  * vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes and adds them to an int32 lane without saturation,
- * so weights are stored once per call as w + 128 (unsigned) in a per-worker packed chunk, activations stay
- * signed, and 128 * sum(x) per block (computed once per token) is subtracted: one instruction per 64 bytes of
- * products, no sign or widening step. Tiles of 1 row x 8 tokens; the f32 part per (row, token, group) is one
+ * so weights are read as w + 128 (unsigned: interleaved in registers for short batches, packed once per call
+ * into a per-worker chunk for longer ones), activations stay signed, and 128 * sum(x) per block (computed
+ * once per token) is subtracted: one instruction per 64 bytes of products, no sign or widening step. Tiles of
+ * 1 row x 8 tokens; the f32 part per (row, token, group) is one
  * convert, one scale multiply and one FMA, in the same order for every T, so verify rows equal single steps
  * bit for bit (speculative decoding depends on it). */
 #include <immintrin.h>
@@ -14,21 +15,25 @@
 enum {
     G16 = 16,                      /* blocks per group */
     GROUP_BYTES = FM_Q8_VECS * 64, /* bytes of a group */
-    Q8_PREFETCH = 2048,            /* bytes ahead of its reads that the packing prefetches */
+    Q8_PREFETCH = 2048,            /* bytes ahead of its reads that a row stream prefetches */
+    Q8_PACK_MIN_T = 9,             /* batches of this size and more pack their rows; shorter ones read them
+                                      directly (one tile of up to 8 tokens: packing would not pay) */
 };
 
 static const int8_t k_zero_block[FM_QK8_0]; /* the padding of a row's last group */
 
-/* The 16 x 8 transpose of 32-bit words that makes a group (matmul_kernels.h): out[j] lane l = word j of
- * src[l]. Vector i holds blocks q and q + 4 (q = 0..3, 8..11) so that the in-lane unpacks and one 128-bit
- * shuffle leave the blocks in natural lane order. XORing 0x80 into every byte (flip) stores w + 128. */
-FM_INLINE void q8_interleave16(const int8_t *const src[G16], int8_t *dst, int flip) {
+/* The 16 x 8 transpose of 32-bit words that makes a group (matmul_kernels.h): v[j] lane l = word j of block l
+ * (m blocks from b, zero blocks after them). Vector i holds blocks q and q + 4 (q = 0..3, 8..11) so that the
+ * in-lane unpacks and one 128-bit shuffle leave the blocks in natural lane order. flip XORs 0x80 into every
+ * byte: w + 128 as unsigned bytes. */
+FM_INLINE void q8_interleave16(const fm_block_q8_0 *b, int m, int flip, __m512i v[8]) {
     __m512i z[8], t[8], u[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
         const int q = i < 4 ? i : i + 4;
-        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)src[q])),
-                                  _mm256_loadu_si256((const __m256i *)src[q + 4]), 1);
+        const int8_t *lo = q < m ? b[q].qs : k_zero_block, *hi = q + 4 < m ? b[q + 4].qs : k_zero_block;
+        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
+                                  _mm256_loadu_si256((const __m256i *)hi), 1);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
@@ -45,11 +50,17 @@ FM_INLINE void q8_interleave16(const int8_t *const src[G16], int8_t *dst, int fl
     const __m512i fl = _mm512_set1_epi8(flip ? (char)0x80 : 0);
 #pragma GCC unroll 4
     for (int k = 0; k < 4;
-         k++) { /* u[k]: 128-bit lanes = blocks 0-3 word k, k + 4, blocks 4-7 word k, k + 4 */
-        _mm512_store_si512(dst + 64 * k, _mm512_xor_si512(fl, _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88)));
-        _mm512_store_si512(dst + 64 * (4 + k),
-                           _mm512_xor_si512(fl, _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd)));
+         k++) { /* u[k]: 128-bit lanes = blocks 0-3 word k, k + 4; blocks 4-7 word k, k + 4 */
+        v[k] = _mm512_xor_si512(fl, _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88));
+        v[4 + k] = _mm512_xor_si512(fl, _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd));
     }
+}
+
+/* The f32 scales of m blocks, zeros after them. */
+FM_INLINE __m512 q8_scales16(const fm_block_q8_0 *b, int m) {
+    uint16_t h[G16];
+    for (int l = 0; l < G16; l++) h[l] = l < m ? b[l].d : 0;
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
 }
 
 static int64_t q8_groups(int64_t cols) {
@@ -79,13 +90,13 @@ static void q8_act_prep(const float *x, int T, int64_t cols, void *ws, fm_mm_act
             float d[G16];
             const int m = nb - g * G16 < G16 ? (int)(nb - g * G16) : G16;
             fm_quant_q8_0_avx2(x + (int64_t)t * cols + g * G16 * FM_QK8_0, blk, d, (int64_t)m * FM_QK8_0, 1);
-            const int8_t *src[G16];
-            for (int l = 0; l < G16; l++) src[l] = l < m ? blk[l].qs : k_zero_block;
             const int64_t tg = (int64_t)t * ng + g;
-            q8_interleave16(src, xr + tg * GROUP_BYTES, 0);
+            __m512i v[8];
+            q8_interleave16(blk, m, 0, v);
+            for (int j = 0; j < FM_Q8_VECS; j++) _mm512_store_si512(xr + tg * GROUP_BYTES + 64 * j, v[j]);
             for (int l = 0; l < G16; l++) {
                 int32_t sum = 0;
-                for (int k = 0; k < FM_QK8_0; k++) sum += src[l][k];
+                for (int k = 0; l < m && k < FM_QK8_0; k++) sum += blk[l].qs[k];
                 xs[tg * G16 + l] = l < m ? d[l] : 0.0f;
                 xc[tg * G16 + l] = 128 * sum;
             }
@@ -96,16 +107,16 @@ static void q8_act_prep(const float *x, int T, int64_t cols, void *ws, fm_mm_act
     a->xc = xc;
 }
 
-/* Rows packed per chunk, as in the AVX2 kernel: more for long batches, within about half the L2. */
-static int64_t q8_chunk_rows(int T, int64_t cols) {
-    if (T <= 8) return 4;
+/* Rows packed per chunk, as in the AVX2 kernel: as many as fit in about a quarter of the L2. */
+static int64_t q8_chunk_rows(int64_t cols) {
     const int64_t per_row = q8_groups(cols) * (GROUP_BYTES + G16 * sizeof(float));
-    int64_t n = (512 << 10) / per_row;
+    const int64_t n = (512 << 10) / per_row;
     return n < 4 ? 4 : n > 32 ? 32 : n;
 }
 
 static size_t q8_tls_bytes(int T, int64_t cols) {
-    return (size_t)q8_chunk_rows(T, cols) * (size_t)q8_groups(cols) * (GROUP_BYTES + G16 * sizeof(float));
+    if (T < Q8_PACK_MIN_T) return 0;
+    return (size_t)q8_chunk_rows(cols) * (size_t)q8_groups(cols) * (GROUP_BYTES + G16 * sizeof(float));
 }
 
 /* Row wb (nb blocks) into ng groups of w + 128 (q) and their f32 scales (d, 0 in the padding). */
@@ -114,16 +125,10 @@ static void q8_pack_row(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, int8_t 
 #pragma GCC unroll 9
         for (int i = 0; i < 9; i++) _mm_prefetch((const char *)wb + Q8_PREFETCH + 64 * i, _MM_HINT_T0);
         const int m = nb - g * G16 < G16 ? (int)(nb - g * G16) : G16;
-        const int8_t *src[G16];
-        for (int l = 0; l < G16; l++) src[l] = l < m ? wb[l].qs : k_zero_block;
-        q8_interleave16(src, q, 1);
-        if (m == G16) {
-            uint16_t h[G16];
-            for (int l = 0; l < G16; l++) h[l] = wb[l].d;
-            _mm512_store_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
-        } else {
-            for (int l = 0; l < G16; l++) d[l] = l < m ? fm_f16_to_f32(wb[l].d) : 0.0f;
-        }
+        __m512i v[8];
+        q8_interleave16(wb, m, 1, v);
+        for (int j = 0; j < FM_Q8_VECS; j++) _mm512_store_si512(q + 64 * j, v[j]);
+        _mm512_store_ps(d, q8_scales16(wb, m));
     }
 }
 
@@ -134,34 +139,48 @@ typedef struct {
     int per_group;
 } q8_prefetch;
 
-/* One packed row x TT tokens (1..8) from t0. Per group and token: 8 vpdpbusd of (w + 128) by x accumulate
- * the 16 block sums in int32 (exact, no saturation), minus 128 * sum(x) gives sum(w x); then one convert,
- * one multiply of the 16 weight scales by the token's 16 activation scales, and one FMA into the token's
- * accumulator. As in the AVX2 kernel, the f32 operations of a (row, token) are the same whatever TT, t0 and
- * T are: verify rows equal single steps bit for bit (speculative decoding depends on it). */
-FM_INLINE void q8_tile(const int8_t *wq, const float *wd, const fm_mm_act *a, int64_t ng, int t0,
-                       const int TT, float out[8], q8_prefetch *pf) {
-    const int64_t xq_stride = ng * GROUP_BYTES, xs_stride = ng * G16;
+/* One row x TT tokens (1..8) from t0. The row is either packed (wq, wd) or, with DIRECT, read as it is
+ * (raw, nb blocks) and interleaved in registers group by group: decode steps and short batches, where
+ * packing would cost more than it saves. Per group and token: 8 vpdpbusd of (w + 128) by x accumulate the
+ * 16 block sums in int32 (exact, no saturation), minus 128 * sum(x) gives sum(w x); then one convert, one
+ * multiply of the 16 weight scales by the token's 16 activation scales, and one FMA into the token's
+ * accumulator. As in the AVX2 kernel, the f32 operations of a (row, token) are the same whatever TT, t0, T
+ * and the path are: verify rows equal single steps bit for bit (speculative decoding depends on it). */
+FM_INLINE void q8_tile(const int8_t *wq, const float *wd, const fm_block_q8_0 *raw, int64_t nb,
+                       const fm_mm_act *a, int t0, const int DIRECT, const int TT, float out[8],
+                       q8_prefetch *pf) {
+    const int64_t ng = a->ng, xq_stride = ng * GROUP_BYTES, xs_stride = ng * G16;
     const int8_t *xr = a->xr + (int64_t)t0 * xq_stride;
     const float *xs = a->xs + (int64_t)t0 * xs_stride;
     const int32_t *xc = a->xc + (int64_t)t0 * xs_stride;
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; g++, wq += GROUP_BYTES, wd += G16, xr += GROUP_BYTES, xs += G16, xc += G16) {
-        for (int i = 0; i < pf->per_group && pf->p < pf->end; i++, pf->p += 64)
-            _mm_prefetch(pf->p, _MM_HINT_T1);
+    for (int64_t g = 0; g < ng; g++, xr += GROUP_BYTES, xs += G16, xc += G16) {
+        __m512i v[8];
+        __m512 dw;
+        if (DIRECT) {
+            const fm_block_q8_0 *b = raw + g * G16;
+#pragma GCC unroll 9
+            for (int i = 0; i < 9; i++) _mm_prefetch((const char *)b + Q8_PREFETCH + 64 * i, _MM_HINT_T0);
+            const int m = nb - g * G16 < G16 ? (int)(nb - g * G16) : G16;
+            q8_interleave16(b, m, 1, v);
+            dw = q8_scales16(b, m);
+        } else {
+            for (int i = 0; i < pf->per_group && pf->p < pf->end; i++, pf->p += 64)
+                _mm_prefetch(pf->p, _MM_HINT_T1);
+#pragma GCC unroll 8
+            for (int j = 0; j < FM_Q8_VECS; j++) v[j] = _mm512_load_si512(wq + g * GROUP_BYTES + 64 * j);
+            dw = _mm512_load_ps(wd + g * G16);
+        }
         __m512i ia[8];
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) ia[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-        for (int j = 0; j < FM_Q8_VECS; j++) {
-            const __m512i w = _mm512_load_si512(wq + 64 * j);
+        for (int j = 0; j < FM_Q8_VECS; j++)
 #pragma GCC unroll 8
             for (int t = 0; t < TT; t++)
-                ia[t] = _mm512_dpbusd_epi32(ia[t], w, _mm512_load_si512(xr + t * xq_stride + 64 * j));
-        }
-        const __m512 dw = _mm512_load_ps(wd);
+                ia[t] = _mm512_dpbusd_epi32(ia[t], v[j], _mm512_load_si512(xr + t * xq_stride + 64 * j));
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             const __m512i isum = _mm512_sub_epi32(ia[t], _mm512_load_si512(xc + t * xs_stride));
@@ -173,13 +192,55 @@ FM_INLINE void q8_tile(const int8_t *wq, const float *wd, const fm_mm_act *a, in
     for (int t = 0; t < TT; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
-/* Rows [r0, r1) by chunks: pack the chunk's rows into tls (their only pass over memory), then every 8-token
- * tile over every packed row while the next chunk is prefetched. */
+/* The tile with compile-time shapes, for tt = 1..8 tokens. */
+static void q8_tile_any(const int8_t *wq, const float *wd, const fm_block_q8_0 *raw, int64_t nb,
+                        const fm_mm_act *a, int t0, int direct, int tt, float out[8], q8_prefetch *pf) {
+#define Q8_TILE_CASE(D, N)                                                                                   \
+    case (D)*8 + (N)-1:                                                                                      \
+        q8_tile(wq, wd, raw, nb, a, t0, D, N, out, pf);                                                      \
+        break;
+    switch (direct * 8 + tt - 1) {
+        Q8_TILE_CASE(0, 1)
+        Q8_TILE_CASE(0, 2)
+        Q8_TILE_CASE(0, 3)
+        Q8_TILE_CASE(0, 4)
+        Q8_TILE_CASE(0, 5)
+        Q8_TILE_CASE(0, 6)
+        Q8_TILE_CASE(0, 7)
+        Q8_TILE_CASE(0, 8)
+        Q8_TILE_CASE(1, 1)
+        Q8_TILE_CASE(1, 2)
+        Q8_TILE_CASE(1, 3)
+        Q8_TILE_CASE(1, 4)
+        Q8_TILE_CASE(1, 5)
+        Q8_TILE_CASE(1, 6)
+        Q8_TILE_CASE(1, 7)
+        Q8_TILE_CASE(1, 8)
+    default:
+        break;
+    }
+#undef Q8_TILE_CASE
+}
+
+/* Rows [r0, r1): short batches row by row straight from memory; longer ones by chunks packed into tls (their
+ * only pass over memory), every 8-token tile then running over every packed row while the next chunk is
+ * prefetched. */
 static void q8_kernel(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                       int64_t r1, void *tls) {
-    const int64_t nb = w->cols / FM_QK8_0, ng = a->ng, rc_max = q8_chunk_rows(a->T, w->cols);
+    const int64_t nb = w->cols / FM_QK8_0, ng = a->ng;
     const int64_t row_bytes = nb * (int64_t)sizeof(fm_block_q8_0);
     const char *wbase = w->data;
+    q8_prefetch pf = {NULL, NULL, 0};
+    if (a->T < Q8_PACK_MIN_T) {
+        for (int64_t r = r0; r < r1; r++) {
+            float out[8];
+            q8_tile_any(NULL, NULL, (const fm_block_q8_0 *)(wbase + r * row_bytes), nb, a, 0, 1, a->T, out,
+                        &pf);
+            for (int t = 0; t < a->T; t++) fm_mm_store(w, y, bias, r, t, out[t]);
+        }
+        return;
+    }
+    const int64_t rc_max = q8_chunk_rows(w->cols);
     int8_t *pq = tls;
     float *pd = (float *)(pq + rc_max * ng * GROUP_BYTES);
     for (int64_t rc = r0; rc < r1; rc += rc_max) {
@@ -189,40 +250,13 @@ static void q8_kernel(const fm_matrix *w, const fm_mm_act *a, float *y, const fl
                         pq + i * ng * GROUP_BYTES, pd + i * ng * G16);
         const int64_t next_end = rc + n + rc_max < w->rows ? rc + n + rc_max : w->rows;
         const int64_t tiles = (int64_t)((a->T + 7) / 8) * n * ng;
-        q8_prefetch pf = {wbase + (rc + n) * row_bytes, wbase + next_end * row_bytes, 0};
+        pf = (q8_prefetch){wbase + (rc + n) * row_bytes, wbase + next_end * row_bytes, 0};
         pf.per_group = (int)(((pf.end - pf.p) / 64 + tiles - 1) / tiles);
         for (int t0 = 0; t0 < a->T; t0 += 8) {
             const int tt = a->T - t0 < 8 ? a->T - t0 : 8;
             for (int64_t i = 0; i < n; i++) {
-                const int8_t *wq = pq + i * ng * GROUP_BYTES;
-                const float *wd = pd + i * ng * G16;
                 float out[8];
-                switch (tt) {
-                case 8:
-                    q8_tile(wq, wd, a, ng, t0, 8, out, &pf);
-                    break;
-                case 7:
-                    q8_tile(wq, wd, a, ng, t0, 7, out, &pf);
-                    break;
-                case 6:
-                    q8_tile(wq, wd, a, ng, t0, 6, out, &pf);
-                    break;
-                case 5:
-                    q8_tile(wq, wd, a, ng, t0, 5, out, &pf);
-                    break;
-                case 4:
-                    q8_tile(wq, wd, a, ng, t0, 4, out, &pf);
-                    break;
-                case 3:
-                    q8_tile(wq, wd, a, ng, t0, 3, out, &pf);
-                    break;
-                case 2:
-                    q8_tile(wq, wd, a, ng, t0, 2, out, &pf);
-                    break;
-                default:
-                    q8_tile(wq, wd, a, ng, t0, 1, out, &pf);
-                    break;
-                }
+                q8_tile_any(pq + i * ng * GROUP_BYTES, pd + i * ng * G16, NULL, nb, a, t0, 0, tt, out, &pf);
                 for (int t = 0; t < tt; t++) fm_mm_store(w, y, bias, rc + i, t0 + t, out[t]);
             }
         }
