@@ -139,6 +139,7 @@ int main(int argc, char **argv) {
                graphs ? "on" : "off", pdl ? "on" : "off", t * 1e3, 1 / t,
                100.0 * (wbytes + kv) / t / (bw * 1e9));
         if (cfg == 0) step = t;
+        if (getenv("FM_BENCH_QUICK")) return 0; /* the plain step only (kernel-variant sweeps) */
     }
     fm_cuda_debug_set_graphs(gb, 1);
     fm_cuda_debug_set_pdl(gb, 1);
