@@ -25,7 +25,8 @@ typedef struct {
     const fm_block_q8_0 *xq; /* [cols / 32][T] Q8_0 activations, block-major */
     /* Q8_0 weights, SIMD kernels (interleaved layout above): */
     int64_t ng;        /* groups per row: ceil(cols / 32 / G) */
-    const int8_t *xr;  /* [T][ng][8][4 G] interleaved activations */
+    const int8_t *xr;  /* [T][ng][8][4 G] interleaved activations (AVX2 batches of 9+ tokens: [T][ng][16][32]
+                          int16 pairs, see matmul_q8_avx2.c) */
     const float *xs;   /* [T][ng][G] f32 value of each block's f16 scale; 0 in the padding */
     const int32_t *xc; /* [T][ng][G] 128 * (sum of the block's int8 values): the VNNI kernel's correction */
     /* BF16 weights with AVX512-BF16: */
@@ -41,10 +42,9 @@ typedef void (*fm_mm_kernel)(const fm_matrix *w, const fm_mm_act *a, float *y, c
  * scale as f32 to d[i * stride]. */
 typedef void (*fm_mm_quant_fn)(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
 
-/* What the dispatcher needs to run a SIMD Q8_0 kernel: the group size, the activation preparation (into a
- * workspace of act_bytes(T, cols), filling a->ng, xr, xs and xc), and each worker's scratch size. */
+/* What the dispatcher needs to run a SIMD Q8_0 kernel: the activation preparation (into a workspace of
+ * act_bytes(T, cols), filling a->ng, xr, xs and xc) and each worker's scratch size. */
 typedef struct {
-    int group;
     size_t (*act_bytes)(int T, int64_t cols);
     void (*act_prep)(const float *x, int T, int64_t cols, void *ws, fm_mm_act *a);
     size_t (*tls_bytes)(int T, int64_t cols);

@@ -264,7 +264,6 @@ static void q8_kernel(const fm_matrix *w, const fm_mm_act *a, float *y, const fl
 }
 
 const fm_mm_q8_family fm_q8_family_vnni_avx512 = {
-    .group = G16,
     .act_bytes = q8_act_bytes,
     .act_prep = q8_act_prep,
     .tls_bytes = q8_tls_bytes,
