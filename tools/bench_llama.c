@@ -136,6 +136,9 @@ int bench_llama_run(bench_llama *b, const char *llama_bench, const char *model, 
     snprintf(t, sizeof t, "%d", threads);
     snprintf(n, sizeof n, "%d", n_gen);
     snprintf(r, sizeof r, "%d", reps);
+    /* -lm none: weights read into memory, not mapped. flashmap's CPU engine copies its weights into memory
+     * too, and mapped pages can be dropped between runs (llama.cpp's step was 10x slower with its default
+     * mmap on this shared machine). */
     char *argv[] = {(char *)llama_bench,
                     "-m",
                     (char *)model,
@@ -147,6 +150,8 @@ int bench_llama_run(bench_llama *b, const char *llama_bench, const char *model, 
                     n,
                     "-r",
                     r,
+                    "-lm",
+                    "none",
                     "-o",
                     "json",
                     NULL};
