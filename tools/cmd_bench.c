@@ -132,12 +132,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (cli_parse_draft_weights(CMD, a, v, &o->draft_weights)) return -1;
         } else if (!strcmp(a, "--verify")) {
             VALUE();
-            if (!strcmp(v, "adaptive"))
-                o->verify = 0;
-            else if (cli_parse_int(CMD, a, v, 1, FM_MAX_BLOCK, &n))
-                return -1;
-            else
-                o->verify = (int)n;
+            if (cli_parse_verify(CMD, a, v, FM_MAX_BLOCK, &o->verify)) return -1;
         } else if (!strcmp(a, "--no-fallback")) {
             o->fallback = 0;
         } else if (!strcmp(a, "--seed")) {

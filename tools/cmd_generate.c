@@ -18,7 +18,7 @@ typedef struct {
         ignore_eos;
     double sim_mean;
     long seed;
-    fm_device device;
+    int device; /* fm_device */
 } gen_opts;
 
 static void usage(FILE *f) {
@@ -107,24 +107,10 @@ static int parse(int argc, char **argv, gen_opts *o) {
             o->n_ctx = (int)n;
         } else if (!strcmp(a, "--verify")) {
             VALUE();
-            if (!strcmp(v, "adaptive")) {
-                o->verify = 0;
-            } else {
-                if (cli_parse_int(CMD, a, v, 1, 32, &n)) return -1;
-                o->verify = (int)n;
-            }
+            if (cli_parse_verify(CMD, a, v, FM_MAX_BLOCK, &o->verify)) return -1;
         } else if (!strcmp(a, "--device")) {
             VALUE();
-            if (!strcmp(v, "cpu"))
-                o->device = FM_DEVICE_CPU;
-            else if (!strcmp(v, "cuda"))
-                o->device = FM_DEVICE_CUDA;
-            else if (!strcmp(v, "auto"))
-                o->device = FM_DEVICE_AUTO;
-            else {
-                fprintf(stderr, "flashmap %s: --device expects cpu, cuda or auto, got '%s'\n", CMD, v);
-                return -1;
-            }
+            if (cli_parse_device(CMD, a, v, &o->device)) return -1;
         } else if (!strcmp(a, "--draft-weights")) {
             VALUE();
             if (cli_parse_draft_weights(CMD, a, v, &o->draft_weights)) return -1;
