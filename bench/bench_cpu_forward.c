@@ -1,0 +1,135 @@
+/* bench_cpu_forward.c: issue 6's per-step ratios on any CPU, without llama.cpp: a plain step, verify(8),
+ * verify(17), one draft and a 256-token prefill chunk of the full-size synthetic pair (Qwen3-4B-shaped Q8_0
+ * target, FlashMap-Qwen3-4B-shaped BF16 drafter drafting on its Q8_0 copy), each the median of REPS calls,
+ * with the target's weights in huge pages as the engine keeps them. For machines where `flashmap bench`
+ * cannot run (the GPU machine's CPU: no llama.cpp, no libcurl); `flashmap bench` is the full comparison.
+ * Usage: bench_cpu_forward WORKDIR [threads=2] [reps=5]   (synthesizes the pair into WORKDIR on first use) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cpu/cpu_features.h"
+#include "drafter/flashmap_drafter.h"
+#include "model/qwen3_synth.h"
+
+enum { CONTEXT = 64, MAX_REPS = 64 };
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+static int synth_pair(const char *dir, const char *tpath, const char *dpath, char *err, size_t errlen) {
+    struct stat sb;
+    if (stat(tpath, &sb)) {
+        qwen3_synth_params sp;
+        qwen3_synth_preset("qwen3-4b", &sp);
+        fprintf(stderr, "synthesizing the target into %s\n", tpath);
+        if (qwen3_synth_write(&sp, tpath, err, errlen)) return -1;
+    }
+    if (stat(dpath, &sb)) {
+        char ddir[1024];
+        snprintf(ddir, sizeof ddir, "%s/drafter", dir);
+        mkdir(ddir, 0755);
+        fm_drafter_synth_params dp = {.dim = 2048,
+                                      .n_layers = 6,
+                                      .n_heads = 16,
+                                      .head_dim = 128,
+                                      .ffn = 8192,
+                                      .block = 16,
+                                      .cond_dim = 256,
+                                      .time_dim = 256,
+                                      .n_capture = 5,
+                                      .seed = 7,
+                                      .dtype = FM_DTYPE_BF16};
+        fprintf(stderr, "synthesizing the drafter into %s\n", dpath);
+        /* Shape of the qwen3-4b preset: 2560 wide, 36 layers, 151,936 tokens. */
+        if (fm_drafter_synth(&dp, 2560, 36, 151936, dpath, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench_cpu_forward WORKDIR [threads=2] [reps=5]\n");
+        return 2;
+    }
+    const int threads = argc > 2 ? atoi(argv[2]) : 2, reps = argc > 3 ? atoi(argv[3]) : 5;
+    if (threads < 1 || reps < 1 || reps > MAX_REPS) {
+        fprintf(stderr, "bench_cpu_forward: threads >= 1 and reps in 1..%d\n", MAX_REPS);
+        return 2;
+    }
+    char err[512] = "", tpath[1024], dpath[1100];
+    snprintf(tpath, sizeof tpath, "%s/qwen3-4b-q8_0.gguf", argv[1]);
+    snprintf(dpath, sizeof dpath, "%s/drafter/model.safetensors", argv[1]);
+    qwen3_model *m = NULL;
+    qwen3_state *s = NULL;
+    fm_drafter *d = NULL;
+    fm_pool *pool = fm_pool_create(threads);
+    int rc = 1;
+    if (!pool || synth_pair(argv[1], tpath, dpath, err, sizeof err) ||
+        qwen3_model_load(tpath, &m, err, sizeof err) ||
+        fm_drafter_load(dpath, m, NULL, 1024, &d, err, sizeof err) ||
+        fm_drafter_quantize_q8_0(d, pool, err, sizeof err))
+        goto fail;
+    const int resident = qwen3_model_make_resident(m, pool);
+    int n_cap;
+    const int *cap = fm_drafter_target_layers(d, &n_cap);
+    qwen3_state_params sp = {1024, 256, cap, n_cap};
+    if (qwen3_state_create(m, &sp, &s, err, sizeof err)) goto fail;
+    int32_t ids[256];
+    for (int i = 0; i < 256; i++) ids[i] = (int32_t)((i * 7919 + 13) % m->hp.vocab);
+    if (qwen3_forward(m, s, pool, ids, CONTEXT, QWEN3_OUT_NONE, err, sizeof err) ||
+        fm_drafter_extend_context(d, pool, qwen3_state_features(s), CONTEXT, 0, err, sizeof err))
+        goto fail;
+
+    /* Each measurement runs at context 64 and rewinds; a first untimed round warms every path. */
+    const int sizes[4] = {1, 8, 17, 256};
+    double t[5][MAX_REPS];
+    for (int r = -1; r < reps; r++) {
+        for (int k = 0; k < 4; k++) {
+            const double t0 = now_ms();
+            if (qwen3_forward(m, s, pool, ids, sizes[k], k == 3 ? QWEN3_OUT_NONE : QWEN3_OUT_ALL_ARGMAX, err,
+                              sizeof err))
+                goto fail;
+            if (r >= 0) t[k][r] = now_ms() - t0;
+            qwen3_state_rewind(s, CONTEXT);
+        }
+        int32_t out[FM_DRAFTER_MAX_BLOCK];
+        const double t0 = now_ms();
+        if (fm_drafter_draft(d, pool, ids[CONTEXT - 1], CONTEXT, out, err, sizeof err)) goto fail;
+        if (r >= 0) t[4][r] = now_ms() - t0;
+    }
+    const double step = median(t[0], reps), v8 = median(t[1], reps), v17 = median(t[2], reps),
+                 pre = median(t[3], reps), draft = median(t[4], reps);
+    printf("isa %s, %d threads, weights in %s, medians of %d\n", fm_isa_name(fm_cpu_isa()), threads,
+           resident ? "2 MiB pages" : "file pages", reps);
+    printf("plain step      %8.1f ms\n", step);
+    printf("verify(8)       %8.1f ms = %.2f steps (issue 6 goal <= 1.3)\n", v8, v8 / step);
+    printf("verify(17)      %8.1f ms = %.2f steps (goal <= 1.7)\n", v17, v17 / step);
+    printf("draft (16)      %8.1f ms = %.2f steps (goal <= 0.35)\n", draft, draft / step);
+    printf("prefill 256     %8.1f ms = %.1f tok/s\n", pre, 256e3 / pre);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "bench_cpu_forward: %s\n", pool ? err : "cannot start threads");
+done:
+    fm_drafter_free(d);
+    qwen3_state_free(s);
+    qwen3_model_free(m);
+    fm_pool_free(pool);
+    return rc;
+}
