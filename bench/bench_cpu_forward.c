@@ -44,17 +44,9 @@ static int synth_pair(const char *dir, const char *tpath, const char *dpath, cha
         char ddir[1024];
         snprintf(ddir, sizeof ddir, "%s/drafter", dir);
         mkdir(ddir, 0755);
-        fm_drafter_synth_params dp = {.dim = 2048,
-                                      .n_layers = 6,
-                                      .n_heads = 16,
-                                      .head_dim = 128,
-                                      .ffn = 8192,
-                                      .block = 16,
-                                      .cond_dim = 256,
-                                      .time_dim = 256,
-                                      .n_capture = 5,
-                                      .seed = 7,
-                                      .dtype = FM_DTYPE_BF16};
+        fm_drafter_synth_params dp;
+        fm_drafter_synth_flashmap_4b(&dp);
+        dp.seed = 7;
         fprintf(stderr, "synthesizing the drafter into %s\n", dpath);
         /* Shape of the qwen3-4b preset: 2560 wide, 36 layers, 151,936 tokens. */
         if (fm_drafter_synth(&dp, 2560, 36, 151936, dpath, err, errlen)) return -1;

@@ -70,17 +70,8 @@ static int target_shape(const char *path, int *dim, int *layers, int *vocab) {
 }
 
 int cmd_synth_drafter(int argc, char **argv) {
-    fm_drafter_synth_params p = {.dim = 2048,
-                                 .n_layers = 6,
-                                 .n_heads = 16,
-                                 .head_dim = 128,
-                                 .ffn = 8192,
-                                 .block = 16,
-                                 .cond_dim = 256,
-                                 .time_dim = 256,
-                                 .n_capture = 5,
-                                 .seed = 1,
-                                 .dtype = FM_DTYPE_BF16};
+    fm_drafter_synth_params p;
+    fm_drafter_synth_flashmap_4b(&p);
     const char *model = NULL, *out = NULL;
     int i = 1, head_dim_given = 0;
     if (argc > 1 && !strcmp(argv[1], "drafter")) i = 2; /* called as `synth drafter ...` or `drafter ...` */

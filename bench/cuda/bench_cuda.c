@@ -50,17 +50,9 @@ int main(int argc, char **argv) {
     if (qwen3_model_load(tpath, &m, err, sizeof err)) return fprintf(stderr, "load: %s\n", err), 1;
     if (stat(dpath, &sb)) {
         t0 = hx_now();
-        fm_drafter_synth_params dp = {.dim = 2048,
-                                      .n_layers = 6,
-                                      .n_heads = 16,
-                                      .head_dim = 128,
-                                      .ffn = 8192,
-                                      .block = 16,
-                                      .cond_dim = 256,
-                                      .time_dim = 256,
-                                      .n_capture = 5,
-                                      .seed = 7,
-                                      .dtype = FM_DTYPE_BF16};
+        fm_drafter_synth_params dp;
+        fm_drafter_synth_flashmap_4b(&dp);
+        dp.seed = 7;
         if (fm_drafter_synth(&dp, m->hp.dim, m->hp.n_layers, m->hp.vocab, dpath, err, sizeof err))
             return fprintf(stderr, "synth drafter: %s\n", err), 1;
         printf("synthesized drafter in %.1f s\n", hx_now() - t0);

@@ -37,17 +37,21 @@ void fm_width_observe_step(fm_width_model *m, double step_ms) {
     running(&m->cost_ms[1], step_ms);
 }
 
+/* Slot i's rate from its own counts, shrunk towards the previous slot's rate. */
+static double shrunk_rate(const fm_width_model *m, int i, double previous) {
+    return (m->passed[i] + PRIOR_WEIGHT * previous) / (m->tested[i] + PRIOR_WEIGHT);
+}
+
 double fm_width_slot_rate(const fm_width_model *m, int i) {
     double rate = PRIOR_RATE;
-    for (int j = 1; j <= i && j <= FM_MAX_BLOCK; j++)
-        rate = (m->passed[j] + PRIOR_WEIGHT * rate) / (m->tested[j] + PRIOR_WEIGHT);
+    for (int j = 1; j <= i && j <= FM_MAX_BLOCK; j++) rate = shrunk_rate(m, j, rate);
     return rate;
 }
 
 double fm_width_expected_tokens(const fm_width_model *m, int K) {
     double all = 1, tokens = 1, rate = PRIOR_RATE;
     for (int i = 1; i <= K && i <= FM_MAX_BLOCK; i++) {
-        rate = (m->passed[i] + PRIOR_WEIGHT * rate) / (m->tested[i] + PRIOR_WEIGHT);
+        rate = shrunk_rate(m, i, rate);
         all *= rate;
         tokens += all;
     }

@@ -164,6 +164,20 @@ static int write_config(const fm_drafter_synth_params *p, const int *ids, int n_
     return rc;
 }
 
+void fm_drafter_synth_flashmap_4b(fm_drafter_synth_params *p) {
+    *p = (fm_drafter_synth_params){.dim = 2048,
+                                   .n_layers = 6,
+                                   .n_heads = 16,
+                                   .head_dim = 128,
+                                   .ffn = 8192,
+                                   .block = 16,
+                                   .cond_dim = 256,
+                                   .time_dim = 256,
+                                   .n_capture = 5,
+                                   .seed = 1,
+                                   .dtype = FM_DTYPE_BF16};
+}
+
 int fm_drafter_synth(const fm_drafter_synth_params *p, int target_dim, int target_layers, int target_vocab,
                      const char *path, char *err, size_t errlen) {
     int64_t D = p->dim, H = target_dim, F = p->ffn, C = p->cond_dim, TD = p->time_dim, hd = p->head_dim;

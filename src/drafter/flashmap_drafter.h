@@ -97,6 +97,10 @@ typedef struct {
     fm_dtype dtype; /* F32, F16 or BF16 */
 } fm_drafter_synth_params;
 
+/* The shape of the released FlashMap-Qwen3-4B drafter (dim 2048, 6 layers, 16 heads of 128, FFN 8192, block
+ * 16, 5 captures, time widths 256), BF16, seed 1. */
+void fm_drafter_synth_flashmap_4b(fm_drafter_synth_params *p);
+
 /* Random drafter for a target of dim target_dim and target_layers layers (for default layer ids), written to
  * path (temp + rename), plus config.json in the same folder (with vocab_size when target_vocab > 0).
  * Deterministic in the params. Initialised so that activations stay O(1) and the block's slots draft
