@@ -102,7 +102,8 @@ int main(int argc, char **argv) {
         }
         int32_t out[FM_DRAFTER_MAX_BLOCK];
         const double t0 = now_ms();
-        if (fm_drafter_draft(d, pool, ids[CONTEXT - 1], CONTEXT, out, err, sizeof err)) goto fail;
+        if (fm_drafter_draft(d, pool, ids[CONTEXT - 1], CONTEXT, fm_drafter_block(d), out, err, sizeof err))
+            goto fail;
         if (r >= 0) t[4][r] = now_ms() - t0;
     }
     const double step = median(t[0], reps), v8 = median(t[1], reps), v17 = median(t[2], reps),

@@ -54,7 +54,9 @@ int main(int argc, char **argv) {
             if (fm_drafter_extend_context(d[i], pool, qwen3_state_features(s), n, pos, err, sizeof err))
                 goto fail;
             double t0 = now_ms();
-            if (fm_drafter_draft(d[i], pool, ids[n - 1], pos + n, out[i], err, sizeof err)) goto fail;
+            if (fm_drafter_draft(d[i], pool, ids[n - 1], pos + n, fm_drafter_block(d[i]), out[i], err,
+                                 sizeof err))
+                goto fail;
             ms[i] += now_ms() - t0;
         }
         pos += n;

@@ -115,7 +115,7 @@ typedef struct {
     int pos;    /* target position of the anchor */
     int anchor; /* the last verified token, fed first in the verify block */
     int32_t drafted[FM_MAX_BLOCK];
-    int n_drafted; /* the drafter's block size (all drafts are recorded, even when verified < n_drafted) */
+    int n_drafted; /* drafts the round asked the drafter for: the verified ones (it computes no others) */
     int verified;  /* K: drafts checked in the verify block */
     int accepted;  /* drafts accepted */
 } fm_round_trace;

@@ -136,7 +136,7 @@ static void check_fixture(const char *fixture_path, fm_pool *pool, int quantize)
         used += n;
         CHECK(used == cJSON_GetObjectItem(r, "pos")->valueint && fm_drafter_length(d) == used);
         int32_t out[FM_DRAFTER_MAX_BLOCK];
-        CHECK_MSG(fm_drafter_draft(d, pool, anchor, used, out, err, sizeof err) == 0, "%s", err);
+        CHECK_MSG(fm_drafter_draft(d, pool, anchor, used, K, out, err, sizeof err) == 0, "%s", err);
         const cJSON *dr = cJSON_GetObjectItem(r, "drafts"), *nt = cJSON_GetObjectItem(r, "near_tie"),
                     *t2 = cJSON_GetObjectItem(r, "top2");
         int exact = 0, ties = 0;
@@ -178,6 +178,13 @@ static void check_fixture(const char *fixture_path, fm_pool *pool, int quantize)
                   worst, tol);
         printf("%s%s round %d: %d slots exact, %d near-ties, head max |diff| %.3g (tol %.3g)\n", name,
                quantize ? " q8_0" : "", round, exact, ties, worst, tol);
+        /* Asking for fewer slots skips their head, never changes the ones computed. */
+        const int n_part = 1 + round % K;
+        int32_t part[FM_DRAFTER_MAX_BLOCK];
+        CHECK_MSG(fm_drafter_draft(d, pool, anchor, used, n_part, part, err, sizeof err) == 0, "%s", err);
+        CHECK_MSG(memcmp(part, out, sizeof(int32_t) * (size_t)n_part) == 0,
+                  "%s round %d: a draft of %d slots differs from the full draft's first %d", name, round,
+                  n_part, n_part);
     }
     if (quantize) {
         printf("%s q8_0: %d of %d drafts equal the reference's\n", name, agree, slots);
@@ -260,10 +267,12 @@ static void test_errors(fm_pool *pool) {
         CHECK(fm_drafter_extend_context(d, pool, feats, 2, 1, err, sizeof err) != 0 && strstr(err, "gaps"));
         CHECK(fm_drafter_extend_context(d, pool, feats, 3, 0, err, sizeof err) == 0);
         CHECK(fm_drafter_extend_context(d, pool, feats, 3, 6, err, sizeof err) != 0); /* past max_ctx 8 */
-        CHECK(fm_drafter_draft(d, pool, 1, 4, out, err, sizeof err) != 0 && strstr(err, "position 4"));
-        CHECK(fm_drafter_draft(d, pool, t64->hp.vocab, 3, out, err, sizeof err) != 0 &&
+        CHECK(fm_drafter_draft(d, pool, 1, 4, 4, out, err, sizeof err) != 0 && strstr(err, "position 4"));
+        CHECK(fm_drafter_draft(d, pool, t64->hp.vocab, 3, 4, out, err, sizeof err) != 0 &&
               strstr(err, "vocabulary"));
-        CHECK(fm_drafter_draft(d, pool, 5, 3, out, err, sizeof err) == 0);
+        CHECK(fm_drafter_draft(d, pool, 5, 3, 0, out, err, sizeof err) != 0 && strstr(err, "asked for"));
+        CHECK(fm_drafter_draft(d, pool, 5, 3, fm_drafter_block(d) + 1, out, err, sizeof err) != 0);
+        CHECK(fm_drafter_draft(d, pool, 5, 3, fm_drafter_block(d), out, err, sizeof err) == 0);
         fm_drafter_reset(d);
         CHECK(fm_drafter_length(d) == 0);
         fm_drafter_free(d);

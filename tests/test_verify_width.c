@@ -58,6 +58,20 @@ static void test_estimates(void) {
     fm_width_observe_round(&m, 7, 0, 10, 50);
     fm_width_observe_round(&m, 3, 0, 10, 60);
     CHECK(fm_width_cost_ms(&m, 12) >= 50);
+
+    /* Draft costs per K: none timed -> NaN; one K timed -> that value for every K; two -> their line. */
+    fm_width_reset(&m);
+    CHECK(isnan(fm_width_draft_ms(&m, 5)));
+    fm_width_observe_round(&m, 7, 0, 40, 50);
+    CHECK_NEAR(fm_width_draft_ms(&m, 1), 40, 1e-9);
+    CHECK_NEAR(fm_width_draft_ms(&m, 16), 40, 1e-9);
+    fm_width_observe_round(&m, 3, 0, 32, 30);
+    CHECK_NEAR(fm_width_draft_ms(&m, 5), 36, 1e-9);
+    CHECK_NEAR(fm_width_draft_ms(&m, 11), 48, 1e-9);
+    CHECK_NEAR(fm_width_draft_ms(&m, 1), 28, 1e-9);
+    /* A draft time that included catch-up work (draft_ms < 0) is not recorded. */
+    fm_width_observe_round(&m, 5, 0, -1, 40);
+    CHECK(isnan(m.draft_ms[5]));
 }
 
 /* The choice equals the brute-force argmax of tokens(K) / (draft + cost(K + 1)). */
@@ -72,7 +86,8 @@ static void test_choice(void) {
     int k = fm_width_choose(&m, 16, 7), best = 1;
     double best_rate = 0;
     for (int K = 1; K <= 16; K++) {
-        double rate = fm_width_expected_tokens(&m, K) / (m.draft_ms + fm_width_cost_ms(&m, K + 1));
+        double rate =
+            fm_width_expected_tokens(&m, K) / (fm_width_draft_ms(&m, K) + fm_width_cost_ms(&m, K + 1));
         if (rate > best_rate) best_rate = rate, best = K;
     }
     CHECK(k == best);
@@ -87,6 +102,16 @@ static void test_choice(void) {
     rounds(&m, 50, 7, 0, 100, 800);
     rounds(&m, 1, 3, 0, 100, 400);
     CHECK(fm_width_choose(&m, 16, 7) == 1);
+    /* Drafts that get dearer per slot (a CPU drafter's lm_head) pull the choice below the one with a flat
+     * draft cost; acceptance, verify costs and the draft time of 7 drafts are the same in both. */
+    fm_width_model flat, steep;
+    fm_width_reset(&flat);
+    for (int i = 0; i < 64; i++) fm_width_observe_round(&flat, 16, i % 16, 60, 500); /* accepts 0..15 */
+    rounds(&flat, 1, 3, 3, 60, 200);
+    steep = flat;
+    steep.draft_ms[3] = 20; /* 3 drafts: 20 ms instead of 60 */
+    const int k_flat = fm_width_choose(&flat, 16, 7), k_steep = fm_width_choose(&steep, 16, 7);
+    CHECK_MSG(k_steep < k_flat, "a steeper draft cost chose %d drafts, a flat one %d", k_steep, k_flat);
     /* k_max bounds the answer. */
     fm_width_reset(&m);
     rounds(&m, 50, 16, 16, 4, 5.0);

@@ -110,7 +110,8 @@ int bench_target_draft_ms(bench_target *b, double *ms, char *err, size_t errlen)
         return -1;
     int32_t out[FM_DRAFTER_MAX_BLOCK];
     const double t0 = bench_now_s();
-    const int rc = fm_drafter_draft(d, b->e->pool, b->anchor, b->prompt_len, out, err, errlen);
+    const int rc =
+        fm_drafter_draft(d, b->e->pool, b->anchor, b->prompt_len, fm_drafter_block(d), out, err, errlen);
     *ms = 1e3 * (bench_now_s() - t0);
     return rc;
 }

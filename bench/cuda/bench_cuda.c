@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
             if (i == 1) cudaProfilerStart();
             const int rc = what == 1   ? G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err)
                            : what == 2 ? G.eval(G.ctx, prompt + NP, 17, 1, am, err, sizeof err)
-                                       : G.draft(G.ctx, next, NP, out, err, sizeof err);
+                                       : G.draft(G.ctx, next, NP, G.block, out, err, sizeof err);
             if (rc) return fprintf(stderr, "profile: %s\n", err), 1;
             if (what == 1 || what == 2) G.rewind(G.ctx, NP);
         }
@@ -180,7 +180,8 @@ int main(int argc, char **argv) {
         fm_cuda_debug_set_graphs(gb, graphs);
         for (int i = 0; i < 22; i++) {
             double a = hx_now();
-            if (G.draft(G.ctx, next, NP, out, err, sizeof err)) return fprintf(stderr, "draft: %s\n", err), 1;
+            if (G.draft(G.ctx, next, NP, G.block, out, err, sizeof err))
+                return fprintf(stderr, "draft: %s\n", err), 1;
             if (i >= 2) v[i - 2] = hx_now() - a;
         }
         const double dt = median(v, 20);

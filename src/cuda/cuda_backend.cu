@@ -713,11 +713,17 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
     fmc_argmax(b->dlogits, K, b->vocab, b->dam, pdl, s);
 }
 
-static int cu_draft(void *ctx, int32_t anchor, int pos, int32_t *out, char *err, size_t errlen) {
+/* Always drafts the whole block: the graph has one shape, and on the GPU the head's rows are cheap (n_out
+ * only bounds what the loop reads). */
+static int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *err, size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (!b->has_drafter) return fail(err, errlen, "no drafter loaded");
     if (flush(b, err, errlen)) return -1;
     const int K = b->dhp.block;
+    if (n_out < 1 || n_out > K) {
+        snprintf(err, errlen, "drafter: %d draft tokens asked for, expected 1..%d", n_out, K);
+        return -1;
+    }
     if (anchor < 0 || anchor >= b->vocab) {
         snprintf(err, errlen, "drafter: anchor token %d outside the vocabulary of %d", (int)anchor, b->vocab);
         return -1;

@@ -98,11 +98,11 @@ static int cpu_commit_features(void *ctx, int n, int start, char *err, size_t er
     return 0;
 }
 
-static int cpu_draft(void *ctx, int32_t anchor, int pos, int32_t *out, char *err, size_t errlen) {
+static int cpu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *err, size_t errlen) {
     fm_cpu_backend *b = ctx;
     if (!b->drafter) return fm_set_error(err, errlen, "no drafter loaded");
     if (flush(b, err, errlen)) return -1;
-    return fm_drafter_draft(b->drafter, b->pool, anchor, pos, out, err, errlen);
+    return fm_drafter_draft(b->drafter, b->pool, anchor, pos, n_out, out, err, errlen);
 }
 
 static void cpu_reset(void *ctx) {

@@ -175,7 +175,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
          * round-time average. */
         const int catch_up = plain_since_round;
         plain_since_round = 0;
-        if (b->draft(b->ctx, next, pos, drafts, err, errlen)) goto done;
+        if (b->draft(b->ctx, next, pos, K, drafts, err, errlen)) goto done;
         if (p->sim_future) simulate_drafts(p, &rng, block, o.n, vocab, drafts);
         const double t1 = now_s();
         block_ids[0] = next;
@@ -207,8 +207,8 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
             fm_round_trace *tr = &p->trace[n_trace++];
             tr->pos = pos;
             tr->anchor = next;
-            tr->n_drafted = block;
-            memcpy(tr->drafted, drafts, (size_t)block * sizeof *drafts);
+            tr->n_drafted = K;
+            memcpy(tr->drafted, drafts, (size_t)K * sizeof *drafts);
             tr->verified = K;
             tr->accepted = acc;
         }

@@ -11,7 +11,7 @@ static const double DECAY = 0.9, TIME_KEEP = 0.6, PRIOR_RATE = 0.7, PRIOR_WEIGHT
 void fm_width_reset(fm_width_model *m) {
     for (int i = 0; i <= FM_MAX_BLOCK; i++) m->tested[i] = m->passed[i] = 0;
     for (int t = 0; t <= FM_MAX_BLOCK + 1; t++) m->cost_ms[t] = NAN;
-    m->draft_ms = NAN;
+    for (int k = 0; k <= FM_MAX_BLOCK; k++) m->draft_ms[k] = NAN;
 }
 
 static void running(double *avg, double x) {
@@ -30,7 +30,7 @@ void fm_width_observe_round(fm_width_model *m, int K, int accepted, double draft
         m->passed[i] += i <= accepted;
     }
     running(&m->cost_ms[K + 1], verify_ms);
-    if (draft_ms >= 0) running(&m->draft_ms, draft_ms);
+    if (draft_ms >= 0) running(&m->draft_ms[K], draft_ms);
 }
 
 void fm_width_observe_step(fm_width_model *m, double step_ms) {
@@ -58,18 +58,20 @@ double fm_width_expected_tokens(const fm_width_model *m, int K) {
     return tokens;
 }
 
-double fm_width_cost_ms(const fm_width_model *m, int T) {
+/* cost[n] for n in 1..n_max from the timed entries: linear between the nearest timed n below and above, the
+ * nearest two's line outside them; NaN when fewer than two were timed. */
+static double interpolate(const double *cost, int n_max, int T) {
     /* The timed sizes nearest below and above T (two below or two above when T is outside them). */
     int lo = -1, lo2 = -1, hi = -1, hi2 = -1;
     for (int t = T; t >= 1 && lo2 < 0; t--)
-        if (!isnan(m->cost_ms[t])) {
+        if (!isnan(cost[t])) {
             if (lo < 0)
                 lo = t;
             else
                 lo2 = t;
         }
-    for (int t = T + 1; t <= FM_MAX_BLOCK + 1 && hi2 < 0; t++)
-        if (!isnan(m->cost_ms[t])) {
+    for (int t = T + 1; t <= n_max && hi2 < 0; t++)
+        if (!isnan(cost[t])) {
             if (hi < 0)
                 hi = t;
             else
@@ -84,12 +86,24 @@ double fm_width_cost_ms(const fm_width_model *m, int T) {
         a = hi, b = hi2;
     else
         return NAN;
-    if (a == T) return m->cost_ms[T];
+    if (a == T) return cost[T];
     /* Never let a noisy pair make a larger block look cheaper than a smaller one. */
-    double slope = (m->cost_ms[b] - m->cost_ms[a]) / (b - a);
+    double slope = (cost[b] - cost[a]) / (b - a);
     if (slope < 0) slope = 0;
-    const double c = m->cost_ms[a] + slope * (T - a);
-    return c > 0 ? c : m->cost_ms[a];
+    const double c = cost[a] + slope * (T - a);
+    return c > 0 ? c : cost[a];
+}
+
+double fm_width_cost_ms(const fm_width_model *m, int T) {
+    return interpolate(m->cost_ms, FM_MAX_BLOCK + 1, T);
+}
+
+double fm_width_draft_ms(const fm_width_model *m, int K) {
+    const double line = interpolate(m->draft_ms, FM_MAX_BLOCK, K);
+    if (!isnan(line)) return line;
+    for (int k = 1; k <= FM_MAX_BLOCK; k++)
+        if (!isnan(m->draft_ms[k])) return m->draft_ms[k];
+    return NAN;
 }
 
 int fm_width_choose(const fm_width_model *m, int k_max, int otherwise) {
@@ -100,11 +114,12 @@ int fm_width_choose(const fm_width_model *m, int k_max, int otherwise) {
     /* Explore: the caller's width first, then half of it, so that there are two sizes to draw a line through.
      */
     if (timed == 1 && only == otherwise + 1) return otherwise / 2 > 0 ? otherwise / 2 : 1;
-    if (timed < 2 || isnan(m->draft_ms)) return otherwise;
+    if (timed < 2 || isnan(fm_width_draft_ms(m, 1))) return otherwise;
     int best = 1;
     double best_rate = -1;
     for (int K = 1; K <= k_max; K++) {
-        const double rate = fm_width_expected_tokens(m, K) / (m->draft_ms + fm_width_cost_ms(m, K + 1));
+        const double rate =
+            fm_width_expected_tokens(m, K) / (fm_width_draft_ms(m, K) + fm_width_cost_ms(m, K + 1));
         if (rate > best_rate) {
             best_rate = rate;
             best = K;

@@ -3,9 +3,10 @@
  * not, and the costs differ by machine). The loop therefore learns, per session, how likely each draft slot
  * is to be accepted and what a verify block of each size costs, and picks the K with the most expected tokens
  * per millisecond of draft + verify: tokens(K) = 1 + sum_{i=1..K} P(slots 1..i all accepted),   K* = argmax
- * tokens(K) / (draft + verify(K+1)). Slot i's acceptance is estimated from the rounds that reached it
+ * tokens(K) / (draft(K) + verify(K+1)). Slot i's acceptance is estimated from the rounds that reached it
  * (decayed counts, shrunk towards slot i-1's estimate, so slots never tested inherit their neighbour's);
- * verify costs are measured per block size and interpolated linearly. Until two block sizes have been timed,
+ * verify costs are measured per block size, draft costs per number of drafts asked for (a CPU drafter skips
+ * the lm_head of the slots not verified), both interpolated linearly. Until two block sizes have been timed,
  * the caller's rule decides (see choose). */
 #ifndef FM_DECODE_VERIFY_WIDTH_H
 #define FM_DECODE_VERIFY_WIDTH_H
@@ -13,10 +14,11 @@
 #include "flashmap.h"
 
 typedef struct {
-    double tested[FM_MAX_BLOCK + 1];  /* [i]: decayed count of rounds whose slot i was compared (1-based) */
-    double passed[FM_MAX_BLOCK + 1];  /* [i]: ... of which slot i was accepted */
-    double cost_ms[FM_MAX_BLOCK + 2]; /* [T]: running verify time of a T-row block; NaN until timed */
-    double draft_ms;                  /* running draft (+ context) time per round; NaN until timed */
+    double tested[FM_MAX_BLOCK + 1];   /* [i]: decayed count of rounds whose slot i was compared (1-based) */
+    double passed[FM_MAX_BLOCK + 1];   /* [i]: ... of which slot i was accepted */
+    double cost_ms[FM_MAX_BLOCK + 2];  /* [T]: running verify time of a T-row block; NaN until timed */
+    double draft_ms[FM_MAX_BLOCK + 1]; /* [K]: running draft (+ context) time of a K-draft round; NaN until
+                                          timed */
 } fm_width_model;
 
 void fm_width_reset(fm_width_model *m);
@@ -33,6 +35,9 @@ double fm_width_expected_tokens(const fm_width_model *m, int K);
 /* Verify time of a T-row block from the timed sizes (linear between them, the nearest two's line outside);
  * NaN when fewer than two sizes were timed. */
 double fm_width_cost_ms(const fm_width_model *m, int T);
+/* Draft time of a round asking for K drafts, interpolated the same way; the one timed value when only one
+ * K was timed; NaN when none was. */
+double fm_width_draft_ms(const fm_width_model *m, int K);
 /* The best K in 1..k_max. Until two block sizes and a draft have been timed: `otherwise`, or half of it when
  * `otherwise`'s block is the one size timed (so that a second size gets timed). */
 int fm_width_choose(const fm_width_model *m, int k_max, int otherwise);

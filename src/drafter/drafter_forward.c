@@ -101,8 +101,8 @@ static void mlp(fm_drafter *d, fm_pool *pool, const fmd_layer *L, const fmd_mod 
     fmd_gate_add(d->x, d->y, m->gate, K, hp->dim);
 }
 
-int fm_drafter_draft(fm_drafter *d, fm_pool *pool, int32_t anchor, int pos, int32_t *out, char *err,
-                     size_t errlen) {
+int fm_drafter_draft(fm_drafter *d, fm_pool *pool, int32_t anchor, int pos, int n_out, int32_t *out,
+                     char *err, size_t errlen) {
     const fm_drafter_hparams *hp = &d->hp;
     const qwen3_model *t = d->target;
     int K = hp->block, D = hp->dim, half = hp->head_dim / 2;
@@ -113,6 +113,8 @@ int fm_drafter_draft(fm_drafter *d, fm_pool *pool, int32_t anchor, int pos, int3
         return fm_set_error(err, errlen,
                             "drafter: anchor position %d, expected 0..%d (context rows held) and < %d", pos,
                             d->length, d->max_ctx);
+    if (n_out < 1 || n_out > K)
+        return fm_set_error(err, errlen, "drafter: %d draft tokens asked for, expected 1..%d", n_out, K);
     if (ensure_scores(d, pool, err, errlen)) return -1;
 
     /* 1. The anchor's context slot at pos: E[anchor] -> anchor_proj -> anchor_norm -> cross k/v. */
@@ -134,10 +136,10 @@ int fm_drafter_draft(fm_drafter *d, fm_pool *pool, int32_t anchor, int pos, int3
         mlp(d, pool, L, &d->layer_mods[l * 3 + 2]);
     }
 
-    /* 4. Output: final AdaLN -> head -> the target's lm_head -> argmax per slot. */
-    fmd_ln_mod_rows(d->x, &d->final_mod, K, D, hp->ln_eps, d->h);
-    fm_matmul(pool, &d->head, d->h, K, d->head_out, d->head_b);   /* [K][H] */
-    fm_matmul(pool, &t->output, d->head_out, K, d->logits, NULL); /* [K][vocab] */
-    for (int k = 0; k < K; k++) out[k] = fmd_argmax(d->logits + (size_t)k * t->hp.vocab, t->hp.vocab);
+    /* 4. Output of the first n_out slots: final AdaLN -> head -> the target's lm_head -> argmax per slot. */
+    fmd_ln_mod_rows(d->x, &d->final_mod, n_out, D, hp->ln_eps, d->h);
+    fm_matmul(pool, &d->head, d->h, n_out, d->head_out, d->head_b);   /* [n_out][H] */
+    fm_matmul(pool, &t->output, d->head_out, n_out, d->logits, NULL); /* [n_out][vocab] */
+    for (int k = 0; k < n_out; k++) out[k] = fmd_argmax(d->logits + (size_t)k * t->hp.vocab, t->hp.vocab);
     return 0;
 }

@@ -66,10 +66,13 @@ void fm_drafter_reset(fm_drafter *d);
  * sets the length to start + n. start must not exceed the current length, start + n <= max_ctx. */
 int fm_drafter_extend_context(fm_drafter *d, fm_pool *pool, const float *features, int n, int start,
                               char *err, size_t errlen);
-/* The `block` tokens after `anchor` at context position pos (pos <= length, pos < max_ctx): out[block]. The
- * anchor's embedding is written into the context slot at pos (the next extend overwrites it). */
-int fm_drafter_draft(fm_drafter *d, fm_pool *pool, int32_t anchor, int pos, int32_t *out, char *err,
-                     size_t errlen);
+/* The first n_out (1..block) of the `block` tokens after `anchor` at context position pos (pos <= length,
+ * pos < max_ctx): out[n_out]. Every slot still runs through the layers (they attend to each other), but only
+ * the first n_out go through the head and the lm_head, the larger half of a draft's work: a loop that
+ * verifies K drafts asks for K. Slot k's token does not depend on n_out. The anchor's embedding is written
+ * into the context slot at pos (the next extend overwrites it). */
+int fm_drafter_draft(fm_drafter *d, fm_pool *pool, int32_t anchor, int pos, int n_out, int32_t *out,
+                     char *err, size_t errlen);
 /* Replaces the drafter's matrices by a Q8_0 copy (quantised as ggml quantises weights), so drafts run on the
  * int8 kernels: faster on CPUs, slightly different drafts (never a different output: the target verifies).
  * Idempotent; matrices already Q8_0, or whose width is not a multiple of 32, stay. pool may be NULL. */

@@ -229,8 +229,8 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
             rc0 |= G.commit_features(G.ctx, NP / 2, c, err, sizeof err);
         }
         if (rc0) printf("prefill error: %s\n", err);
-        int rc1 = C.draft(C.ctx, prompt[NP], NP, dc, err, sizeof err);
-        int rc2 = G.draft(G.ctx, prompt[NP], NP, dg, err, sizeof err);
+        int rc1 = C.draft(C.ctx, prompt[NP], NP, C.block, dc, err, sizeof err);
+        int rc2 = G.draft(G.ctx, prompt[NP], NP, G.block, dg, err, sizeof err);
         const int H = m->hp.dim, K = fm_drafter_block(d);
         float *gh = malloc(sizeof(float) * K * H);
         fm_cuda_debug_draft_head(gb, gh);
