@@ -99,5 +99,22 @@ import json, sys
 text = json.load(open(sys.argv[1]))["text"].encode("utf-8", "surrogatepass")
 sys.exit(0 if text + b"\n" == open(sys.argv[2], "rb").read() else 1)' "$tmp/g3.json" "$tmp/plain.txt"
 
+# The engine options are parsed once for every command (tools/cli_engine.c): the same value errors, and the
+# options a command does not take are unknown there.
+for cmd in generate chat serve bench; do
+  "$cli" $cmd -m "$tmp/t.gguf" --verify 99 >/dev/null 2>"$tmp/e_$cmd.txt" </dev/null
+  check "$cmd --verify 99 exits 2" test $? -eq 2
+  check "$cmd --verify 99 is named" grep -qF "flashmap $cmd: --verify expects a whole number from 1 to 32, got '99'" \
+    "$tmp/e_$cmd.txt"
+done
+"$cli" bench -m "$tmp/t.gguf" --device cpu >/dev/null 2>"$tmp/e_dev.txt"
+check "bench --device is unknown (bench is CPU only)" grep -qF "unknown option '--device'" "$tmp/e_dev.txt"
+"$cli" chat -m "$tmp/t.gguf" --ctx 8 </dev/null >/dev/null 2>"$tmp/e_ctx.txt"
+check "chat --ctx 8 is named" grep -qF "flashmap chat: --ctx expects a whole number from 16" "$tmp/e_ctx.txt"
+printf 'Hi\n' | "$cli" chat -m "$tmp/t.gguf" -d "$tmp/d" -n 6 --device cpu --draft-weights stored --verify 3 \
+  >"$tmp/chat.txt" 2>"$tmp/chat_err.txt"
+check "chat with generate's engine options exits 0 ($(tail -n 1 "$tmp/chat_err.txt"))" test $? -eq 0
+check "chat reports its turn" grep -q "new tok" "$tmp/chat_err.txt"
+
 if [ "$fail" = 0 ]; then echo "test_bench_cli: all checks passed"; fi
 exit "$fail"

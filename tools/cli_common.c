@@ -104,39 +104,6 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
-int cli_parse_device(const char *cmd, const char *opt, const char *s, int *out) {
-    static const char *names[] = {"auto", "cpu", "cuda"}; /* in fm_device order */
-    for (int i = 0; i < 3; i++)
-        if (!strcmp(s, names[i])) {
-            *out = i;
-            return 0;
-        }
-    fprintf(stderr, "flashmap %s: %s expects cpu, cuda or auto, got '%s'\n", cmd, opt, s);
-    return -1;
-}
-
-int cli_parse_verify(const char *cmd, const char *opt, const char *s, int max_k, int *out) {
-    long n;
-    if (!strcmp(s, "adaptive")) {
-        *out = 0;
-        return 0;
-    }
-    if (cli_parse_int(cmd, opt, s, 1, max_k, &n)) return -1;
-    *out = (int)n;
-    return 0;
-}
-
-int cli_parse_draft_weights(const char *cmd, const char *opt, const char *s, int *out) {
-    static const char *names[] = {"auto", "q8_0", "stored"}; /* in fm_draft_weights order */
-    for (int i = 0; i < 3; i++)
-        if (!strcmp(s, names[i])) {
-            *out = i;
-            return 0;
-        }
-    fprintf(stderr, "flashmap %s: %s expects auto, q8_0 or stored, got '%s'\n", cmd, opt, s);
-    return -1;
-}
-
 /* A JSON string literal (quotes included) of n bytes, escaping quotes, backslashes and control bytes. */
 static char *json_string(const char *s, size_t n) {
     char *out = malloc(6 * n + 3), *o = out;

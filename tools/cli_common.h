@@ -9,12 +9,6 @@
  * otherwise. */
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out);
-/* "cpu", "cuda" or "auto" -> the fm_device value (an int, as below). */
-int cli_parse_device(const char *cmd, const char *opt, const char *s, int *out);
-/* "adaptive" -> 0, else a fixed verify width K in 1..max_k. */
-int cli_parse_verify(const char *cmd, const char *opt, const char *s, int max_k, int *out);
-/* "auto", "q8_0" or "stored" -> the fm_draft_weights value (an int so this header needs no flashmap.h). */
-int cli_parse_draft_weights(const char *cmd, const char *opt, const char *s, int *out);
 /* "1,2,3" -> malloc'd ids; -1 with a message on bad input. */
 int cli_parse_id_list(const char *cmd, const char *opt, const char *s, int32_t **ids, int *n);
 /* Whole file into a malloc'd NUL-terminated buffer; -1 with a message naming the file. */

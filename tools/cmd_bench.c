@@ -23,6 +23,7 @@
 #include "bench_util.h"
 #include "cli.h"
 #include "cli_common.h"
+#include "cli_engine.h"
 #include "flashmap.h"
 
 #define CMD "bench"
@@ -31,8 +32,9 @@ static const double SIM_MEANS[] = {0, 2, 4, 6.5, 8};
 enum { N_SIM = sizeof SIM_MEANS / sizeof SIM_MEANS[0], N_COLS = 6, MAX_ROWS = 24, CELL = 160 };
 
 typedef struct {
-    const char *model, *drafter, *llama_bench, *out;
-    int threads, reps, long_reps, prompt, gen, prefill, verify, fallback, stream_mib, draft_weights;
+    cli_engine_opts eng; /* no --device (CPU only), no --ctx (sized from --prompt and --gen) */
+    const char *llama_bench, *out;
+    int reps, long_reps, prompt, gen, prefill, stream_mib;
     long seed;
 } bench_opts;
 
@@ -71,6 +73,8 @@ static void usage(FILE *f) {
         "  --prefill N         prefill prompt length (default 512, as llama-bench's pp512)\n"
         "  --verify MODE       speculative verify width: adaptive (default, the engine's) or a fixed K\n"
         "  --no-fallback       speculative runs never fall back to plain steps\n"
+        "  --no-spec           no draft/speculative rows even with -d\n"
+        "  --mmap              read the weights from the file mapping instead of huge pages\n"
         "  --draft-weights W   auto/q8_0 (a Q8_0 copy of the drafter, the default) or stored (BF16)\n"
         "  --seed N            prompt ids and simulated-acceptance draws (default 1)\n"
         "  --stream-mib N      bandwidth probe buffer in MiB (default 1024; far above the caches)\n"
@@ -85,7 +89,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
     o->prompt = 64;
     o->gen = 64;
     o->prefill = 512;
-    o->fallback = 1;
+    cli_engine_opts_init(&o->eng);
     o->stream_mib = 1024;
     o->seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -95,26 +99,22 @@ static int parse(int argc, char **argv, bench_opts *o) {
             usage(stdout);
             exit(0);
         }
+        const int engine =
+            cli_engine_opt(CMD, argc, argv, &i, CLI_ENGINE_NO_DEVICE | CLI_ENGINE_NO_CTX, &o->eng);
+        if (engine < 0) return -1;
+        if (engine) continue;
 #define VALUE()                                                                                              \
     if (!(v = cli_value(CMD, argc, argv, &i))) return -1
 #define INT_OPT(field, lo, hi)                                                                               \
     VALUE();                                                                                                 \
     if (cli_parse_int(CMD, a, v, lo, hi, &n)) return -1;                                                     \
     o->field = (int)n
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            VALUE();
-            o->model = v;
-        } else if (!strcmp(a, "-d") || !strcmp(a, "--drafter")) {
-            VALUE();
-            o->drafter = v;
-        } else if (!strcmp(a, "--llama-bench")) {
+        if (!strcmp(a, "--llama-bench")) {
             VALUE();
             o->llama_bench = v;
         } else if (!strcmp(a, "--out")) {
             VALUE();
             o->out = v;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            INT_OPT(threads, 1, 1024);
         } else if (!strcmp(a, "--reps")) {
             INT_OPT(reps, 1, BENCH_MAX_SAMPLES);
         } else if (!strcmp(a, "--long-reps")) {
@@ -127,14 +127,6 @@ static int parse(int argc, char **argv, bench_opts *o) {
             INT_OPT(prefill, 1, 8192);
         } else if (!strcmp(a, "--stream-mib")) {
             INT_OPT(stream_mib, 1, 1 << 16);
-        } else if (!strcmp(a, "--draft-weights")) {
-            VALUE();
-            if (cli_parse_draft_weights(CMD, a, v, &o->draft_weights)) return -1;
-        } else if (!strcmp(a, "--verify")) {
-            VALUE();
-            if (cli_parse_verify(CMD, a, v, FM_MAX_BLOCK, &o->verify)) return -1;
-        } else if (!strcmp(a, "--no-fallback")) {
-            o->fallback = 0;
         } else if (!strcmp(a, "--seed")) {
             VALUE();
             if (cli_parse_int(CMD, a, v, 0, 2147483647L, &n)) return -1;
@@ -146,7 +138,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
 #undef VALUE
 #undef INT_OPT
     }
-    if (!o->model) {
+    if (!o->eng.model) {
         fprintf(stderr, "flashmap " CMD ": no target model given (-m TARGET.gguf)\n");
         return -1;
     }
@@ -332,7 +324,7 @@ static int one_rep(const bench_opts *o, fm_engine *e, const fm_engine_info *info
         fprintf(stderr, "bench: repetition %d/%d: llama-bench\n", rep + 1, o->long_reps);
         char prompts[64];
         snprintf(prompts, sizeof prompts, "%d,8,17", o->prefill);
-        if (bench_llama_run(&r->llama, o->llama_bench, o->model, info->n_threads, prompts, o->gen, 1,
+        if (bench_llama_run(&r->llama, o->llama_bench, o->eng.model, info->n_threads, prompts, o->gen, 1,
                             r->llama_error, sizeof r->llama_error)) {
             r->llama_failed = 1;
             fprintf(stderr, "flashmap " CMD ": llama-bench failed: %s\n", r->llama_error);
@@ -387,7 +379,7 @@ static int write_report(const bench_opts *o, const fm_engine_info *info, const b
         "over %d, interleaved; verify width %s, fallback %s. SIMULATED rows replace the drafts by the "
         "target's own continuation for k ~ Binomial(block, mean/block) tokens per round (the drafter still "
         "runs in full); their output is compared with plain decoding in the same run.\n\n",
-        o->reps, o->long_reps, o->verify ? "fixed" : "adaptive", o->fallback ? "on" : "off");
+        o->reps, o->long_reps, o->eng.verify ? "fixed" : "adaptive", o->eng.fallback ? "on" : "off");
     table_print(t, f);
     fprintf(f, "\n");
     const int bad = fclose(f) != 0;
@@ -400,12 +392,8 @@ int cmd_bench(int argc, char **argv) {
     if (parse(argc, argv, &o)) return 2;
     char err[FM_ERRBUF_SIZE];
     fm_engine_params ep;
-    fm_engine_params_init(&ep);
-    ep.model_path = o.model;
-    ep.drafter_path = o.drafter;
-    ep.n_threads = o.threads;
+    cli_engine_params(&o.eng, &ep);
     ep.device = FM_DEVICE_CPU;
-    ep.drafter_weights = (fm_draft_weights)o.draft_weights;
     const int need_ctx = o.prompt + o.gen + FM_MAX_BLOCK + 2;
     ep.n_ctx = need_ctx > 1024 ? need_ctx : 1024;
     fm_engine *e = NULL;
@@ -419,7 +407,8 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "flashmap " CMD ": out of memory\n");
         goto done;
     }
-    fprintf(stderr, "bench: loading %s%s%s\n", o.model, o.drafter ? " and " : "", o.drafter ? o.drafter : "");
+    fprintf(stderr, "bench: loading %s%s%s\n", ep.model_path, ep.drafter_path ? " and " : "",
+            ep.drafter_path ? ep.drafter_path : "");
     if (fm_engine_load(&ep, &e, err, sizeof err)) goto fail;
     fm_engine_info info;
     fm_engine_get_info(e, &info);
@@ -431,7 +420,8 @@ int cmd_bench(int argc, char **argv) {
     uint64_t rng = (uint64_t)o.seed;
     for (int i = 0; i < o.prefill; i++) ids[i] = (int32_t)(splitmix64(&rng) % (uint64_t)info.vocab);
     if (bench_target_create(e, ids, o.prompt, o.prefill, &bt, err, sizeof err)) goto fail;
-    if (bench_e2e_create(e, ids, o.prompt, o.gen, o.verify, o.fallback, &be, err, sizeof err)) goto fail;
+    if (bench_e2e_create(e, ids, o.prompt, o.gen, o.eng.verify, o.eng.fallback, &be, err, sizeof err))
+        goto fail;
     bs = bench_stream_create((size_t)o.stream_mib << 20);
     if (!bs) {
         fprintf(stderr, "flashmap " CMD ": cannot allocate the %d MiB bandwidth buffer (--stream-mib)\n",

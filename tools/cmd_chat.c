@@ -13,14 +13,20 @@
 
 #include "cli.h"
 #include "cli_common.h"
+#include "cli_engine.h"
 #include "flashmap.h"
 
 #define CMD "chat"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: flashmap chat -m TARGET.gguf [-d DRAFTER] [--system TEXT] [--no-think] [-n N] [-t N]\n"
-               "                     [--ctx N] [--no-spec] [--verify adaptive|K] [--no-fallback]\n"
-               "Reads one user message per line from stdin; an empty line or end of input ends the chat.\n");
+    fprintf(f,
+            "usage: flashmap chat [-m TARGET.gguf] [-d DRAFTER] [--system TEXT] [--no-think] [-n N] [-t N]\n"
+            "                     [--ctx N] [--no-spec] [--verify adaptive|K] [--no-fallback]\n"
+            "                     [--device cpu|cuda|auto] [--draft-weights auto|q8_0|stored] [--mmap]\n\n"
+            "Reads one user message per line from stdin; an empty line or end of input ends the chat.\n"
+            "The KV cache (and the drafter's context) carries over between turns. -n N caps each reply\n"
+            "(default 1024); the other options are generate's (see flashmap generate --help); without -m:\n"
+            "the cached pinned models (flashmap pull).\n");
 }
 
 static int print_tokens(void *user, const int32_t *ids, int n) {
@@ -34,54 +40,37 @@ static int print_tokens(void *user, const int32_t *ids, int n) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *model = NULL, *drafter = NULL, *system = NULL;
-    long n_predict = 1024, threads = 0, n_ctx = 0, verify = 0;
-    int think = 1, spec = 1, fallback = 1;
+    cli_engine_opts eo;
+    cli_engine_opts_init(&eo);
+    const char *system = NULL;
+    long n_predict = 1024;
+    int think = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--no-think")) {
+        }
+        const int engine = cli_engine_opt(CMD, argc, argv, &i, 0, &eo);
+        if (engine < 0) return 2;
+        if (engine) continue;
+        if (!strcmp(a, "--no-think")) {
             think = 0;
-        } else if (!strcmp(a, "--no-spec")) {
-            spec = 0;
-        } else if (!strcmp(a, "--no-fallback")) {
-            fallback = 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "-d") || !strcmp(a, "--system") || !strcmp(a, "-n") ||
-                   !strcmp(a, "-t") || !strcmp(a, "--ctx") || !strcmp(a, "--verify")) {
+        } else if (!strcmp(a, "--system") || !strcmp(a, "-n")) {
             if (!(v = cli_value(CMD, argc, argv, &i))) return 2;
-            if (!strcmp(a, "-m"))
-                model = v;
-            else if (!strcmp(a, "-d"))
-                drafter = v;
-            else if (!strcmp(a, "--system"))
+            if (!strcmp(a, "--system"))
                 system = v;
-            else if (!strcmp(a, "-n") && cli_parse_int(CMD, a, v, 1, 1 << 20, &n_predict))
-                return 2;
-            else if (!strcmp(a, "-t") && cli_parse_int(CMD, a, v, 1, 1024, &threads))
-                return 2;
-            else if (!strcmp(a, "--ctx") && cli_parse_int(CMD, a, v, 16, 1 << 20, &n_ctx))
-                return 2;
-            else if (!strcmp(a, "--verify") && strcmp(v, "adaptive") &&
-                     cli_parse_int(CMD, a, v, 1, 32, &verify))
+            else if (cli_parse_int(CMD, a, v, 1, 1 << 20, &n_predict))
                 return 2;
         } else {
             fprintf(stderr, "flashmap %s: unknown option '%s' (see --help)\n", CMD, a);
             return 2;
         }
     }
-    if (!model) {
-        fprintf(stderr, "flashmap %s: -m TARGET.gguf is required\n", CMD);
-        return 2;
-    }
+    if (cli_engine_resolve_defaults(CMD, &eo)) return 1;
     char err[FM_ERRBUF_SIZE];
     fm_engine_params ep;
-    fm_engine_params_init(&ep);
-    ep.model_path = model;
-    ep.drafter_path = spec ? drafter : NULL;
-    ep.n_threads = (int)threads;
-    ep.n_ctx = (int)n_ctx;
+    cli_engine_params(&eo, &ep);
     fm_engine *e = NULL;
     fm_session *s = NULL;
     if (fm_engine_load(&ep, &e, err, sizeof err) || fm_session_create(e, &s, err, sizeof err)) {
@@ -92,9 +81,9 @@ int cmd_chat(int argc, char **argv) {
     fm_generate_params gp;
     fm_generate_params_init(&gp);
     gp.max_new_tokens = (int)n_predict;
-    gp.speculative = spec && drafter;
-    gp.verify = (int)verify;
-    gp.fallback = fallback;
+    gp.speculative = eo.spec && eo.drafter;
+    gp.verify = eo.verify;
+    gp.fallback = eo.fallback;
     gp.on_tokens = print_tokens;
     const int tty = isatty(0);
     char *line = NULL;

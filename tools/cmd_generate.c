@@ -7,18 +7,18 @@
 
 #include "cli.h"
 #include "cli_common.h"
+#include "cli_engine.h"
 #include "flashmap.h"
 #include "io/model_cache.h"
 
 #define CMD "generate"
 
 typedef struct {
-    const char *model, *drafter, *prompt, *prompt_file, *prompt_ids, *system;
-    int n_predict, threads, n_ctx, draft_weights, keep_mmap, chat, think, spec, verify, fallback, json, trace,
-        ignore_eos;
+    cli_engine_opts eng;
+    const char *prompt, *prompt_file, *prompt_ids, *system;
+    int n_predict, chat, think, json, trace, ignore_eos;
     double sim_mean;
     long seed;
-    int device; /* fm_device */
 } gen_opts;
 
 static void usage(FILE *f) {
@@ -62,8 +62,7 @@ static int parse(int argc, char **argv, gen_opts *o) {
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
     o->think = 1;
-    o->spec = 1;
-    o->fallback = 1;
+    cli_engine_opts_init(&o->eng);
     o->sim_mean = -1;
     o->seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -73,15 +72,12 @@ static int parse(int argc, char **argv, gen_opts *o) {
             usage(stdout);
             exit(0);
         }
+        const int engine = cli_engine_opt(CMD, argc, argv, &i, 0, &o->eng);
+        if (engine < 0) return -1;
+        if (engine) continue;
 #define VALUE()                                                                                              \
     if (!(v = cli_value(CMD, argc, argv, &i))) return -1
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            VALUE();
-            o->model = v;
-        } else if (!strcmp(a, "-d") || !strcmp(a, "--drafter")) {
-            VALUE();
-            o->drafter = v;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             VALUE();
             o->prompt = v;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
@@ -97,23 +93,6 @@ static int parse(int argc, char **argv, gen_opts *o) {
             VALUE();
             if (cli_parse_int(CMD, a, v, 1, 1 << 20, &n)) return -1;
             o->n_predict = (int)n;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            VALUE();
-            if (cli_parse_int(CMD, a, v, 1, 1024, &n)) return -1;
-            o->threads = (int)n;
-        } else if (!strcmp(a, "--ctx")) {
-            VALUE();
-            if (cli_parse_int(CMD, a, v, 16, 1 << 20, &n)) return -1;
-            o->n_ctx = (int)n;
-        } else if (!strcmp(a, "--verify")) {
-            VALUE();
-            if (cli_parse_verify(CMD, a, v, FM_MAX_BLOCK, &o->verify)) return -1;
-        } else if (!strcmp(a, "--device")) {
-            VALUE();
-            if (cli_parse_device(CMD, a, v, &o->device)) return -1;
-        } else if (!strcmp(a, "--draft-weights")) {
-            VALUE();
-            if (cli_parse_draft_weights(CMD, a, v, &o->draft_weights)) return -1;
         } else if (!strcmp(a, "--simulate")) {
             VALUE();
             if (cli_parse_double(CMD, a, v, 0, 32, &o->sim_mean)) return -1;
@@ -124,12 +103,6 @@ static int parse(int argc, char **argv, gen_opts *o) {
             o->chat = 1;
         } else if (!strcmp(a, "--no-think")) {
             o->think = 0;
-        } else if (!strcmp(a, "--no-spec")) {
-            o->spec = 0;
-        } else if (!strcmp(a, "--mmap")) {
-            o->keep_mmap = 1;
-        } else if (!strcmp(a, "--no-fallback")) {
-            o->fallback = 0;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
         } else if (!strcmp(a, "--trace")) {
@@ -296,28 +269,10 @@ static void print_json(fm_engine *e, const int32_t *prompt, int n_prompt, const 
 int cmd_generate(int argc, char **argv) {
     gen_opts o;
     if (parse(argc, argv, &o)) return 2;
-    char err[FM_ERRBUF_SIZE], model_path[4096], drafter_path[4096];
-    if (!o.model) {
-        /* No -m: the cached pinned target, and its pinned drafter unless --no-spec or -d says otherwise. */
-        if (fm_cache_resolve_default(FM_CACHE_TARGET, model_path, sizeof model_path, err, sizeof err)) {
-            fprintf(stderr, "flashmap %s: no -m given and %s\n", CMD, err);
-            return 1;
-        }
-        o.model = model_path;
-        if (!o.drafter && o.spec &&
-            fm_cache_resolve_default(FM_CACHE_DRAFTER, drafter_path, sizeof drafter_path, err, sizeof err) ==
-                0)
-            o.drafter = drafter_path;
-    }
+    char err[FM_ERRBUF_SIZE];
+    if (cli_engine_resolve_defaults(CMD, &o.eng)) return 1;
     fm_engine_params ep;
-    fm_engine_params_init(&ep);
-    ep.model_path = o.model;
-    ep.drafter_path = o.spec ? o.drafter : NULL;
-    ep.n_threads = o.threads;
-    ep.n_ctx = o.n_ctx;
-    ep.device = o.device;
-    ep.drafter_weights = (fm_draft_weights)o.draft_weights;
-    ep.keep_mmap = o.keep_mmap;
+    cli_engine_params(&o.eng, &ep);
     fm_engine *e = NULL;
     if (fm_engine_load(&ep, &e, err, sizeof err)) {
         fprintf(stderr, "flashmap %s: %s\n", CMD, err);
@@ -334,9 +289,9 @@ int cmd_generate(int argc, char **argv) {
     fm_generate_params gp;
     fm_generate_params_init(&gp);
     gp.max_new_tokens = o.n_predict;
-    gp.speculative = o.spec && o.drafter;
-    gp.verify = o.verify;
-    gp.fallback = o.fallback;
+    gp.speculative = o.eng.spec && o.eng.drafter;
+    gp.verify = o.eng.verify;
+    gp.fallback = o.eng.fallback;
     gp.ignore_stop = o.ignore_eos;
     if (o.sim_mean >= 0) {
         if (!gp.speculative) {

@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "cli_common.h"
+#include "cli_engine.h"
 #include "flashmap.h"
 #include "io/model_cache.h"
 #include "serve_http.h"
@@ -23,9 +24,9 @@
 #define MAX_BODY (2u << 20) /* request bodies: 2 MiB */
 
 typedef struct {
-    const char *model, *drafter, *host;
-    int port, threads, n_ctx, draft_weights, keep_mmap, spec, verify, fallback;
-    int device; /* fm_device */
+    cli_engine_opts eng;
+    const char *host;
+    int port;
 } serve_opts;
 
 static void usage(FILE *f) {
@@ -56,8 +57,7 @@ static int parse(int argc, char **argv, serve_opts *o) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
     o->port = 8080;
-    o->spec = 1;
-    o->fallback = 1;
+    cli_engine_opts_init(&o->eng);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long n;
@@ -65,44 +65,18 @@ static int parse(int argc, char **argv, serve_opts *o) {
             usage(stdout);
             exit(0);
         }
+        const int engine = cli_engine_opt(CMD, argc, argv, &i, 0, &o->eng);
+        if (engine < 0) return -1;
+        if (engine) continue;
 #define VALUE()                                                                                              \
     if (!(v = cli_value(CMD, argc, argv, &i))) return -1
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            VALUE();
-            o->model = v;
-        } else if (!strcmp(a, "-d") || !strcmp(a, "--drafter")) {
-            VALUE();
-            o->drafter = v;
-        } else if (!strcmp(a, "--host")) {
+        if (!strcmp(a, "--host")) {
             VALUE();
             o->host = v;
         } else if (!strcmp(a, "--port")) {
             VALUE();
             if (cli_parse_int(CMD, a, v, 0, 65535, &n)) return -1;
             o->port = (int)n;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            VALUE();
-            if (cli_parse_int(CMD, a, v, 1, 1024, &n)) return -1;
-            o->threads = (int)n;
-        } else if (!strcmp(a, "--ctx")) {
-            VALUE();
-            if (cli_parse_int(CMD, a, v, 16, 1 << 20, &n)) return -1;
-            o->n_ctx = (int)n;
-        } else if (!strcmp(a, "--verify")) {
-            VALUE();
-            if (cli_parse_verify(CMD, a, v, FM_MAX_BLOCK, &o->verify)) return -1;
-        } else if (!strcmp(a, "--device")) {
-            VALUE();
-            if (cli_parse_device(CMD, a, v, &o->device)) return -1;
-        } else if (!strcmp(a, "--draft-weights")) {
-            VALUE();
-            if (cli_parse_draft_weights(CMD, a, v, &o->draft_weights)) return -1;
-        } else if (!strcmp(a, "--no-spec")) {
-            o->spec = 0;
-        } else if (!strcmp(a, "--no-fallback")) {
-            o->fallback = 0;
-        } else if (!strcmp(a, "--mmap")) {
-            o->keep_mmap = 1;
         } else {
             fprintf(stderr, "flashmap %s: unknown option '%s' (see --help)\n", CMD, a);
             return -1;
@@ -146,19 +120,8 @@ static const char *base_name(const char *path) {
 int cmd_serve(int argc, char **argv) {
     serve_opts o;
     if (parse(argc, argv, &o)) return 2;
-    char err[FM_ERRBUF_SIZE], model_path[4096], drafter_path[4096];
-    if (!o.model) {
-        /* No -m: the cached pinned target, and its pinned drafter unless --no-spec or -d says otherwise. */
-        if (fm_cache_resolve_default(FM_CACHE_TARGET, model_path, sizeof model_path, err, sizeof err)) {
-            fprintf(stderr, "flashmap %s: no -m given and %s\n", CMD, err);
-            return 1;
-        }
-        o.model = model_path;
-        if (!o.drafter && o.spec &&
-            fm_cache_resolve_default(FM_CACHE_DRAFTER, drafter_path, sizeof drafter_path, err, sizeof err) ==
-                0)
-            o.drafter = drafter_path;
-    }
+    char err[FM_ERRBUF_SIZE];
+    if (cli_engine_resolve_defaults(CMD, &o.eng)) return 1;
     int port = o.port;
     int fd = serve_http_listen(o.host, o.port, &port, err, sizeof err);
     if (fd < 0) {
@@ -166,14 +129,7 @@ int cmd_serve(int argc, char **argv) {
         return 1;
     }
     fm_engine_params ep;
-    fm_engine_params_init(&ep);
-    ep.model_path = o.model;
-    ep.drafter_path = o.spec ? o.drafter : NULL;
-    ep.n_threads = o.threads;
-    ep.n_ctx = o.n_ctx;
-    ep.device = o.device;
-    ep.drafter_weights = (fm_draft_weights)o.draft_weights;
-    ep.keep_mmap = o.keep_mmap;
+    cli_engine_params(&o.eng, &ep);
     fm_engine *e = NULL;
     if (fm_engine_load(&ep, &e, err, sizeof err)) {
         fprintf(stderr, "flashmap %s: %s\n", CMD, err);
@@ -183,8 +139,8 @@ int cmd_serve(int argc, char **argv) {
     fm_engine_info info;
     fm_engine_get_info(e, &info);
     const serve_worker_params wp = {
-        .speculative = o.spec && info.has_drafter, .verify = o.verify, .fallback = o.fallback};
-    const serve_http_config cfg = {.model = base_name(o.model),
+        .speculative = o.eng.spec && info.has_drafter, .verify = o.eng.verify, .fallback = o.eng.fallback};
+    const serve_http_config cfg = {.model = base_name(o.eng.model),
                                    .created = (long)time(NULL),
                                    .n_ctx = info.n_ctx,
                                    .max_body = MAX_BODY,

@@ -1,0 +1,93 @@
+#include "cli_engine.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "cli_common.h"
+#include "io/model_cache.h"
+
+void cli_engine_opts_init(cli_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->device = FM_DEVICE_AUTO;
+    o->draft_weights = FM_DRAFT_WEIGHTS_AUTO;
+    o->spec = 1;
+    o->fallback = 1;
+}
+
+/* s among names[0..n) (in the enum's order) -> its index; else a message listing them. */
+static int parse_name(const char *cmd, const char *opt, const char *s, const char *const *names, int n,
+                      const char *expected, int *out) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(s, names[i])) {
+            *out = i;
+            return 0;
+        }
+    fprintf(stderr, "flashmap %s: %s expects %s, got '%s'\n", cmd, opt, expected, s);
+    return -1;
+}
+
+static int parse_count(const char *cmd, const char *opt, const char *s, long lo, long hi, int *out) {
+    long n;
+    if (cli_parse_int(cmd, opt, s, lo, hi, &n)) return -1;
+    *out = (int)n;
+    return 0;
+}
+
+int cli_engine_opt(const char *cmd, int argc, char **argv, int *i, unsigned flags, cli_engine_opts *o) {
+    static const char *const devices[] = {"auto", "cpu", "cuda"};    /* fm_device order */
+    static const char *const weights[] = {"auto", "q8_0", "stored"}; /* fm_draft_weights order */
+    const char *a = argv[*i];
+    /* Switches. */
+    if (!strcmp(a, "--no-spec")) return o->spec = 0, 1;
+    if (!strcmp(a, "--no-fallback")) return o->fallback = 0, 1;
+    if (!strcmp(a, "--mmap")) return o->keep_mmap = 1, 1;
+    /* Options with a value. */
+    const int is_model = !strcmp(a, "-m") || !strcmp(a, "--model"),
+              is_drafter = !strcmp(a, "-d") || !strcmp(a, "--drafter"),
+              is_threads = !strcmp(a, "-t") || !strcmp(a, "--threads"),
+              is_ctx = !(flags & CLI_ENGINE_NO_CTX) && !strcmp(a, "--ctx"),
+              is_device = !(flags & CLI_ENGINE_NO_DEVICE) && !strcmp(a, "--device"),
+              is_weights = !strcmp(a, "--draft-weights"), is_verify = !strcmp(a, "--verify");
+    if (!(is_model || is_drafter || is_threads || is_ctx || is_device || is_weights || is_verify)) return 0;
+    const char *v = cli_value(cmd, argc, argv, i);
+    if (!v) return -1;
+    if (is_model) o->model = v;
+    if (is_drafter) o->drafter = v;
+    if (is_threads && parse_count(cmd, a, v, 1, 1024, &o->threads)) return -1;
+    if (is_ctx && parse_count(cmd, a, v, 16, 1 << 20, &o->n_ctx)) return -1;
+    if (is_device && parse_name(cmd, a, v, devices, 3, "cpu, cuda or auto", &o->device)) return -1;
+    if (is_weights && parse_name(cmd, a, v, weights, 3, "auto, q8_0 or stored", &o->draft_weights)) return -1;
+    if (is_verify) {
+        if (!strcmp(v, "adaptive"))
+            o->verify = 0;
+        else if (parse_count(cmd, a, v, 1, FM_MAX_BLOCK, &o->verify))
+            return -1;
+    }
+    return 1;
+}
+
+int cli_engine_resolve_defaults(const char *cmd, cli_engine_opts *o) {
+    if (o->model) return 0;
+    char err[FM_ERRBUF_SIZE];
+    if (fm_cache_resolve_default(FM_CACHE_TARGET, o->model_buf, sizeof o->model_buf, err, sizeof err)) {
+        fprintf(stderr, "flashmap %s: no -m given and %s\n", cmd, err);
+        return -1;
+    }
+    o->model = o->model_buf;
+    if (!o->drafter && o->spec &&
+        fm_cache_resolve_default(FM_CACHE_DRAFTER, o->drafter_buf, sizeof o->drafter_buf, err, sizeof err) ==
+            0)
+        o->drafter = o->drafter_buf;
+    return 0;
+}
+
+void cli_engine_params(const cli_engine_opts *o, fm_engine_params *ep) {
+    fm_engine_params_init(ep);
+    ep->model_path = o->model;
+    ep->drafter_path = o->spec ? o->drafter : NULL;
+    ep->n_threads = o->threads;
+    ep->n_ctx = o->n_ctx;
+    ep->device = (fm_device)o->device;
+    ep->drafter_weights = (fm_draft_weights)o->draft_weights;
+    ep->keep_mmap = o->keep_mmap;
+}

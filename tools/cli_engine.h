@@ -1,0 +1,35 @@
+/* cli_engine.h: the options shared by the commands that load an engine and decode (generate, chat, serve,
+ * bench): the model and drafter, threads, context size, device, the drafter's weights, --mmap, and the
+ * decoding switches --no-spec / --verify / --no-fallback. One parser, one resolution of the cached default
+ * models, one translation into fm_engine_params, so the commands cannot drift apart. Help texts stay with
+ * the commands (their defaults and wording differ). */
+#ifndef FM_TOOLS_CLI_ENGINE_H
+#define FM_TOOLS_CLI_ENGINE_H
+
+#include "flashmap.h"
+
+typedef struct {
+    const char *model, *drafter; /* NULL: not given */
+    int threads, n_ctx;          /* 0: the engine's default */
+    int device;                  /* fm_device */
+    int draft_weights;           /* fm_draft_weights */
+    int keep_mmap;
+    int spec, verify,
+        fallback; /* speculative decoding on (default), verify width (0: adaptive), fallback on */
+    char model_buf[4096], drafter_buf[4096]; /* the cached defaults, when resolved */
+} cli_engine_opts;
+
+/* Options a command does not take: bench runs on the CPU and sizes its own context. */
+enum { CLI_ENGINE_NO_DEVICE = 1u, CLI_ENGINE_NO_CTX = 2u };
+
+void cli_engine_opts_init(cli_engine_opts *o);
+/* If argv[*i] is one of the shared options (and not excluded by flags), consumes it and its value (advancing
+ * *i) and returns 1; returns 0 when it is not one; -1 after printing "flashmap CMD: ..." for a bad value. */
+int cli_engine_opt(const char *cmd, int argc, char **argv, int *i, unsigned flags, cli_engine_opts *o);
+/* Without -m: the cached pinned target, and its pinned drafter unless --no-spec or -d says otherwise.
+ * 0, or -1 after printing why (nothing cached yet: `flashmap pull`). */
+int cli_engine_resolve_defaults(const char *cmd, cli_engine_opts *o);
+/* The engine parameters for these options (the drafter only when speculative decoding is on). */
+void cli_engine_params(const cli_engine_opts *o, fm_engine_params *ep);
+
+#endif
