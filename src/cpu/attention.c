@@ -1,5 +1,5 @@
-/* attention.c: causal GQA attention, one (row, head) pair per work item. Scores for one pair live in the
- * worker's scratch row; softmax is max-subtracted in f32. */
+/* attention.c: GQA attention (causal, or over all n_keys rows), one (row, head) pair per work item. Scores
+ * for one pair live in the worker's scratch row; softmax is max-subtracted in f32. */
 #include "cpu/attention.h"
 
 #include <math.h>
@@ -43,11 +43,11 @@ static void attention_items(void *ctx, int64_t begin, int64_t end, int thread) {
     const int hd = a->head_dim, kv_dim = a->n_kv_heads * hd, q_dim = a->n_heads * hd;
     const int group = a->n_heads / a->n_kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
-    float *sc = a->scratch + (int64_t)thread * (a->pos0 + a->T);
+    float *sc = a->scratch + (int64_t)thread * (a->n_keys > 0 ? a->n_keys : a->pos0 + a->T);
     for (int64_t item = begin; item < end; item++) {
         const int t = (int)(item / a->n_heads), h = (int)(item % a->n_heads), kvh = h / group;
         const float *q = a->q + (int64_t)t * q_dim + (int64_t)h * hd;
-        const int n = a->pos0 + t + 1; /* causal: keys 0 .. pos0+t */
+        const int n = a->n_keys > 0 ? a->n_keys : a->pos0 + t + 1; /* causal: keys 0 .. pos0+t */
         float mx = -INFINITY;
         for (int j = 0; j < n; j++) {
             const float s = job->dot(q, a->k_cache + (int64_t)j * kv_dim + (int64_t)kvh * hd, hd) * scale;
@@ -68,7 +68,7 @@ static void attention_items(void *ctx, int64_t begin, int64_t end, int thread) {
     }
 }
 
-void fm_attention_causal(fm_pool *pool, const fm_attention_args *a) {
+void fm_attention(fm_pool *pool, const fm_attention_args *a) {
     pthread_once(&f16_once, f16_table_init);
     const int fast = fm_cpu_isa() >= FM_ISA_AVX2;
     attention_job job = {a, fast ? fm_attn_dot_f16_avx2 : dot_f16_scalar,

@@ -3,6 +3,7 @@
  * Kept private to the drafter until the shared CPU ops cover AdaLN modulation and f16 cross-attention. */
 #include <math.h>
 
+#include "cpu/attention.h"
 #include "drafter/drafter_internal.h"
 
 void fmd_rmsnorm_rows(const float *x, const float *w, int T, int n, float eps, float *y) {
@@ -78,13 +79,13 @@ int32_t fmd_argmax(const float *x, int64_t n) {
 
 typedef struct {
     const float *q, *kf, *vf;
-    const uint16_t *kh, *vh;
     int T, L, n_heads, head_dim;
     float *o;
     float *scores; /* [threads][L] */
 } attn_ctx;
 
-/* One (row, head) pair per item; each worker keeps its L scores in its own slice of the scratch. */
+/* The slots' self-attention (f32 K/V, L = 16 rows): one (row, head) pair per item; each worker keeps its L
+ * scores in its own slice of the scratch. */
 static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
     const attn_ctx *a = p;
     int D = a->n_heads * a->head_dim, hd = a->head_dim;
@@ -97,10 +98,7 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
         for (int j = 0; j < a->L; j++) {
             size_t kb = (size_t)j * D + (size_t)h * hd;
             double s = 0;
-            if (a->kf)
-                for (int d = 0; d < hd; d++) s += (double)q[d] * a->kf[kb + d];
-            else
-                for (int d = 0; d < hd; d++) s += (double)q[d] * fm_f16_to_f32(a->kh[kb + d]);
+            for (int d = 0; d < hd; d++) s += (double)q[d] * a->kf[kb + d];
             sc[j] = (float)s * scale;
             if (sc[j] > mx) mx = sc[j];
         }
@@ -114,10 +112,7 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
         for (int j = 0; j < a->L; j++) {
             size_t vb = (size_t)j * D + (size_t)h * hd;
             float p = sc[j];
-            if (a->vf)
-                for (int d = 0; d < hd; d++) o[d] += p * a->vf[vb + d];
-            else
-                for (int d = 0; d < hd; d++) o[d] += p * fm_f16_to_f32(a->vh[vb + d]);
+            for (int d = 0; d < hd; d++) o[d] += p * a->vf[vb + d];
         }
         float inv = (float)(1.0 / sum);
         for (int d = 0; d < hd; d++) o[d] *= inv;
@@ -126,6 +121,20 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
 
 void fmd_attention(fm_pool *pool, const float *q, int T, const float *kf, const float *vf, const uint16_t *kh,
                    const uint16_t *vh, int L, int n_heads, int head_dim, float *o, float *scores) {
-    attn_ctx a = {q, kf, vf, kh, vh, T, L, n_heads, head_dim, o, scores};
+    if (kh) { /* the context: as many rows as the target's cache, so its SIMD kernels */
+        const fm_attention_args fa = {.n_heads = n_heads,
+                                      .n_kv_heads = n_heads,
+                                      .head_dim = head_dim,
+                                      .k_cache = kh,
+                                      .v_cache = vh,
+                                      .n_keys = L,
+                                      .T = T,
+                                      .q = q,
+                                      .out = o,
+                                      .scratch = scores};
+        fm_attention(pool, &fa);
+        return;
+    }
+    attn_ctx a = {q, kf, vf, T, L, n_heads, head_dim, o, scores};
     fm_pool_for(pool, (int64_t)T * n_heads, 1, attn_task, &a);
 }

@@ -191,7 +191,7 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
         .out = s->att,
         .scratch = s->scores,
     };
-    fm_attention_causal(pool, &a);
+    fm_attention(pool, &a);
     fm_matmul(pool, &L->wo, s->att, T, s->h, NULL); /* h reused as the projection output */
     for (int64_t i = 0; i < (int64_t)T * dim; i++) s->x[i] += s->h[i];
 }
