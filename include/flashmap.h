@@ -167,7 +167,13 @@ int fm_session_create(fm_engine *e, fm_session **out, char *err, size_t errlen);
 void fm_session_free(fm_session *s);
 /* Forgets the conversation (position 0). */
 void fm_session_reset(fm_session *s);
+/* Tokens in the conversation: everything fed and generated so far. */
 int fm_session_pos(const fm_session *s);
+/* Keeps the first n (0 .. fm_session_pos) tokens of the conversation and forgets the rest, so that a prompt
+ * sharing a prefix with it prefills only what follows the prefix (a server's prompt cache). The reply is
+ * the one a fresh session would give the whole prompt: the kept rows are the same bits whatever batch
+ * computed them. */
+int fm_session_truncate(fm_session *s, int n, char *err, size_t errlen);
 
 /* Appends ids to the session (prefill), then generates. *out (malloc'd, may be NULL) receives the new tokens.
  */

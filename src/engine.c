@@ -207,6 +207,18 @@ int fm_session_pos(const fm_session *s) {
     return s->backend.pos(s->backend.ctx) + s->has_next;
 }
 
+int fm_session_truncate(fm_session *s, int n, char *err, size_t errlen) {
+    const int held = fm_session_pos(s);
+    if (n < 0 || n > held)
+        return fm_set_error(err, errlen, "cannot keep %d tokens of a conversation of %d", n, held);
+    if (n == held) return 0;
+    /* n < held: the pending last token (never fed) goes, and the cache keeps positions 0 .. n-1; the
+     * drafter's context rows from n on are rewritten by the next prefill before any draft reads them. */
+    s->backend.rewind(s->backend.ctx, n);
+    s->has_next = 0;
+    return 0;
+}
+
 static int is_stop_token(const void *ctx, int32_t id) {
     return fm_token_is_stop((const fm_engine *)ctx, id);
 }

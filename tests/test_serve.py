@@ -8,6 +8,8 @@ read from its "listening on" line) and checks:
   here; streamed chunks concatenate to the same text, with [DONE] last and usage when asked;
 - stop strings (earliest wins, held-back partial matches are released, streaming and not);
 - every refusal: status, OpenAI error object, and a message naming the problem; the server stays up;
+- the prompt cache: a prompt that continues the last conversation reports cached tokens and still equals
+  generate's reply from scratch;
 - requests at once get the same answers as one by one; a client that leaves mid-stream cancels its job;
 - a port in use: one line and exit 1; SIGTERM / SIGINT: queued requests get 503, exit 0.
 
@@ -141,6 +143,12 @@ def generate(prompt, n, chat=False, system=None, think=True):
     return {"text": text, "prompt_tokens": int(m.group(1)), "completion_tokens": int(m.group(2)), "stop": stop}
 
 
+def counts(r):
+    """The token counts of a reply's usage (what the prompt cache held may differ between requests)."""
+    u = r["usage"]
+    return u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]
+
+
 def reply_text(kind, r):
     choice = r["choices"][0]
     return choice["text"] if kind == "completions" else choice["message"]["content"]
@@ -270,7 +278,7 @@ def test_chat_template_multi_turn(s):
         check(status == 200 and status2 == 200, "multi-turn: %r %r" % (chat, comp))
         check(chat["choices"][0]["message"]["content"] == comp["choices"][0]["text"],
               "multi-turn chat != completions on the rendered template (think=%r)" % think)
-        check(chat["usage"] == comp["usage"], "multi-turn usage %r vs %r" % (chat["usage"], comp["usage"]))
+        check(counts(chat) == counts(comp), "multi-turn usage %r vs %r" % (chat["usage"], comp["usage"]))
     # content as text parts
     parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
     _, a = s.post("/v1/chat/completions", {"messages": parts, "max_tokens": 10})
@@ -292,8 +300,33 @@ def test_streaming(s):
                                                "stream_options": {"include_usage": True}})
     text, finish, last, usage = stream_text("chat", events, include_usage=True)
     check(text == w["choices"][0]["message"]["content"], "chat stream text")
-    check(usage["usage"] == w["usage"], "stream usage %r vs %r" % (usage["usage"], w["usage"]))
+    check(counts(usage) == counts(w), "stream usage %r vs %r" % (usage["usage"], w["usage"]))
     check(last["flashmap"]["rounds"] > 0, "stream flashmap stats")
+
+
+def test_prompt_cache(s):
+    first = "The prompt cache keeps"
+    _, a = s.post("/v1/completions", {"prompt": first, "max_tokens": 30})
+    follow = first + a["choices"][0]["text"] + " and then"
+    ref = generate(follow, 25)
+    status, b = s.post("/v1/completions", {"prompt": follow, "max_tokens": 25})
+    check(status == 200, "prompt cache follow-up: %d %r" % (status, b))
+    check_reply("completions", b, ref, "prompt cache follow-up")
+    cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # Re-tokenising the reply may merge across its first token; everything before is the same tokens.
+    check(a["usage"]["prompt_tokens"] - 1 <= cached < b["usage"]["prompt_tokens"],
+          "cached %d of %d (first prompt %d tokens)" % (cached, b["usage"]["prompt_tokens"], a["usage"]["prompt_tokens"]))
+    check(b["flashmap"]["prefill_s"] >= 0, "prefill time")
+    # The same prompt again: all but its last token come from the cache; the reply is the same.
+    _, c = s.post("/v1/completions", {"prompt": follow, "max_tokens": 25})
+    check(c["usage"]["prompt_tokens_details"]["cached_tokens"] == c["usage"]["prompt_tokens"] - 1,
+          "repeat: %r" % c["usage"])
+    check(c["choices"][0]["text"] == b["choices"][0]["text"], "repeat: same text")
+    # An unrelated prompt shares (almost) nothing and is still right.
+    ref = generate("zebra", 12)
+    _, d = s.post("/v1/completions", {"prompt": "zebra", "max_tokens": 12})
+    check_reply("completions", d, ref, "after the cache")
+    check(d["usage"]["prompt_tokens_details"]["cached_tokens"] <= 1, "unrelated prompt: %r" % d["usage"])
 
 
 def test_stop_strings(s):
@@ -587,7 +620,7 @@ def test_signals_stop_cleanly(_):
 
 
 TESTS = [test_health_and_models, test_completions_equal_generate, test_chat_equal_generate,
-         test_chat_template_multi_turn, test_streaming, test_stop_strings, test_request_errors, test_http_errors,
+         test_chat_template_multi_turn, test_streaming, test_prompt_cache, test_stop_strings, test_request_errors, test_http_errors,
          test_concurrent_requests, test_clients_that_leave, test_port_in_use, test_usage_errors,
          test_signals_stop_cleanly]
 

@@ -1,7 +1,9 @@
 /* test_speculative.c: losslessness. Speculative output must equal plain greedy output token for token, for
  * random tiny models (several weight types, tied and untied), random prompts, every verify mode, fallback on
  * and off, extra stop tokens, token limits from 1 to 200 and small context limits; and under simulated
- * acceptance, where rounds accept anything from 0 to all 16 drafts. Models come from `flashmap synth`. */
+ * acceptance, where rounds accept anything from 0 to all 16 drafts. A session cut back to a prefix of its
+ * conversation (fm_session_truncate, the server's prompt cache) then continued gives what a fresh session
+ * gives the whole prompt. Models come from `flashmap synth`. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,9 +85,63 @@ static int same(const result *a, const result *b) {
     return a->n == b->n && a->stop == b->stop && !memcmp(a->ids, b->ids, (size_t)a->n * sizeof *a->ids);
 }
 
+/* A conversation of prompt + reply, cut to k tokens, then continued by a new tail, must give the reply of a
+ * fresh session to conversation[0..k) + tail: the kept KV rows and drafter context must be as good as new. */
+static int check_truncate(fm_engine *e, const fm_engine_info *info, const char *model, int n_cases) {
+    char err[FM_ERRBUF_SIZE];
+    fm_session *s = NULL;
+    if (fm_session_create(e, &s, err, sizeof err)) return -1;
+    int checked = 0;
+    for (int c = 0; c < n_cases; c++) {
+        int32_t conv[256];
+        int n_conv = 1 + (int)rnd(40);
+        for (int i = 0; i < n_conv; i++) conv[i] = (int32_t)rnd((uint32_t)info->vocab);
+        fm_generate_params p;
+        fm_generate_params_init(&p);
+        p.ignore_stop = 1;
+        p.speculative = (int)rnd(2);
+        p.verify = (int)rnd(3) * 7; /* adaptive, 7, 14 */
+        p.max_new_tokens = 1 + (int)rnd(60);
+        result first = {0}, cont = {0}, fresh = {0};
+        fm_session_reset(s);
+        fm_generate_stats st;
+        if (fm_session_generate(s, conv, n_conv, &p, &first.ids, &first.n, &st, err, sizeof err)) break;
+        memcpy(conv + n_conv, first.ids, (size_t)first.n * sizeof *conv);
+        n_conv += first.n;
+        CHECK_MSG(fm_session_pos(s) == n_conv, "%s: session holds %d tokens, conversation %d", model,
+                  fm_session_pos(s), n_conv);
+        CHECK(fm_session_truncate(s, n_conv + 1, err, sizeof err) != 0 && strstr(err, "cannot keep"));
+        const int keep = (int)rnd((uint32_t)n_conv + 1), n_tail = 1 + (int)rnd(20);
+        int32_t whole[256];
+        memcpy(whole, conv, (size_t)keep * sizeof *conv);
+        for (int i = 0; i < n_tail; i++) whole[keep + i] = (int32_t)rnd((uint32_t)info->vocab);
+        p.speculative = (int)rnd(2);
+        p.max_new_tokens = 1 + (int)rnd(60);
+        if (fm_session_truncate(s, keep, err, sizeof err) ||
+            fm_session_generate(s, whole + keep, n_tail, &p, &cont.ids, &cont.n, &st, err, sizeof err) ||
+            generate(e, whole, keep + n_tail, &p, &fresh, NULL)) {
+            CHECK_MSG(0, "%s: %s", model, err);
+        } else {
+            cont.stop = st.stop;
+            CHECK_MSG(fm_session_pos(s) == keep + n_tail + cont.n, "%s: session holds %d tokens", model,
+                      fm_session_pos(s));
+            CHECK_MSG(same(&cont, &fresh),
+                      "%s case %d: kept %d of %d tokens, tail %d: continued reply differs from a fresh one "
+                      "(%d vs %d tokens)",
+                      model, c, keep, n_conv, n_tail, cont.n, fresh.n);
+            checked++;
+        }
+        free(first.ids);
+        free(cont.ids);
+        free(fresh.ids);
+    }
+    fm_session_free(s);
+    return checked;
+}
+
 int main(void) {
     char target[4096], drafter[4096], err[FM_ERRBUF_SIZE];
-    int accepted_hist[FM_MAX_BLOCK + 1] = {0}, cases = 0;
+    int accepted_hist[FM_MAX_BLOCK + 1] = {0}, cases = 0, truncated = 0;
     for (int mi = 0; mi < N_MODELS; mi++) {
         if (synth_pair(&MODELS[mi], target, drafter, sizeof target)) {
             CHECK_MSG(0, "synthesizing the %s pair failed", MODELS[mi].type);
@@ -106,6 +162,11 @@ int main(void) {
             }
             fm_engine_info info;
             fm_engine_get_info(e, &info);
+            if (!ctx_variant) {
+                const int n = check_truncate(e, &info, MODELS[mi].type, 10);
+                CHECK_MSG(n >= 0, "%s: no session for the truncation cases", MODELS[mi].type);
+                truncated += n > 0 ? n : 0;
+            }
             for (int c = 0; c < N_CASES_PER_MODEL / 2; c++) {
                 int32_t prompt[64];
                 const int n_prompt = 1 + (int)rnd(ctx_variant ? 20 : 40);
@@ -171,7 +232,7 @@ int main(void) {
             fm_engine_free(e);
         }
     }
-    printf("cases: %d; rounds by accepted drafts:", cases);
+    printf("cases: %d, truncated conversations: %d; rounds by accepted drafts:", cases, truncated);
     int reached = 0;
     for (int k = 0; k <= 16; k++) {
         printf(" %d:%d", k, accepted_hist[k]);
@@ -179,6 +240,7 @@ int main(void) {
     }
     printf("\n");
     CHECK_MSG(cases >= 200, "only %d cases ran", cases);
+    CHECK_MSG(truncated >= 30, "only %d truncated-conversation cases ran", truncated);
     CHECK_MSG(accepted_hist[0] > 0 && accepted_hist[16] > 0 && reached >= 12,
               "simulated rounds should accept from 0 to 16 drafts (saw %d distinct counts)", reached);
     return fm_test_report("test_speculative");

@@ -54,11 +54,13 @@ static cJSON *head_object(const serve_reply_head *h, int chunk) {
     return root;
 }
 
-static void add_usage(cJSON *root, const fm_generate_stats *st) {
+static void add_usage(cJSON *root, const serve_reply_end *end) {
     cJSON *u = cJSON_AddObjectToObject(root, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", st->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", st->n_generated);
-    cJSON_AddNumberToObject(u, "total_tokens", st->n_prompt + st->n_generated);
+    cJSON_AddNumberToObject(u, "prompt_tokens", end->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", end->st.n_generated);
+    cJSON_AddNumberToObject(u, "total_tokens", end->prompt_tokens + end->st.n_generated);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens",
+                            end->cached_tokens);
 }
 
 /* flashmap's extension: how the request was decoded (the same names as `generate --json` stats). */
@@ -111,7 +113,7 @@ char *serve_openai_reply(const serve_reply_head *h, const char *text, size_t len
         cJSON_Delete(root);
         return NULL;
     }
-    add_usage(root, &end->st);
+    add_usage(root, end);
     add_flashmap(root, end);
     return print_and_free(root);
 }
@@ -137,10 +139,10 @@ char *serve_openai_chunk(const serve_reply_head *h, const char *text, size_t len
     return sse_event(print_and_free(root));
 }
 
-char *serve_openai_usage_chunk(const serve_reply_head *h, const fm_generate_stats *st) {
+char *serve_openai_usage_chunk(const serve_reply_head *h, const serve_reply_end *end) {
     cJSON *root = head_object(h, 1);
     cJSON_AddArrayToObject(root, "choices");
-    add_usage(root, st);
+    add_usage(root, end);
     return sse_event(print_and_free(root));
 }
 

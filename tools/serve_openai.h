@@ -38,7 +38,9 @@ typedef struct {
     const char *finish_reason; /* "stop" or "length" */
     const char *stop;          /* finer: "stop token", "stop string", "length", "context full" */
     int speculative;
-    double queue_s; /* waiting for the requests before it */
+    double queue_s;    /* waiting for the requests before it */
+    int prompt_tokens; /* the whole prompt */
+    int cached_tokens; /* of which the prompt cache held (st.n_prompt were prefilled) */
     fm_generate_stats st;
 } serve_reply_end;
 
@@ -49,7 +51,7 @@ char *serve_openai_reply(const serve_reply_head *h, const char *text, size_t len
 char *serve_openai_chunk(const serve_reply_head *h, const char *text, size_t len, int role_delta,
                          const serve_reply_end *end);
 /* The SSE event with usage and no choices (stream_options.include_usage). */
-char *serve_openai_usage_chunk(const serve_reply_head *h, const fm_generate_stats *st);
+char *serve_openai_usage_chunk(const serve_reply_head *h, const serve_reply_end *end);
 /* An SSE event carrying an error object (a stream cannot change its status once started). */
 char *serve_openai_error_chunk(const serve_error *e);
 char *serve_openai_models(const char *model, long created, int n_ctx);

@@ -37,6 +37,10 @@ struct serve_job {
 struct serve_worker {
     fm_engine *e;
     fm_session *s;
+    /* The prompt cache: the tokens the session holds (the last request's prompt and reply). A request keeps
+     * the longest common prefix and prefills only the rest; the reply is the same bits as from scratch. */
+    int32_t *held;
+    int n_held, held_cap;
     serve_worker_params p;
     int n_ctx;
     pthread_t thread;
@@ -291,14 +295,15 @@ static const char *stop_detail(const fm_generate_stats *st, int stop_hit) {
     }
 }
 
-static void log_job(const serve_job *j, const fm_generate_stats *st, const char *stop, double queue_s) {
-    fprintf(
-        stderr,
-        "flashmap serve: %s: prompt %d tok, %d new tok (%s) | decode %.1f tok/s | rounds %d, mean accepted "
-        "%.2f, plain steps %d | queued %.2f s\n",
-        j->head.id, st->n_prompt, st->n_generated, stop,
-        st->decode_s > 0 && st->n_generated > 1 ? (st->n_generated - 1) / st->decode_s : 0, st->rounds,
-        st->rounds ? (double)st->accepted / st->rounds : 0, st->plain_steps, queue_s);
+static void log_job(const serve_job *j, const serve_reply_end *end) {
+    const fm_generate_stats *st = &end->st;
+    fprintf(stderr,
+            "flashmap serve: %s: prompt %d tok (%d cached), %d new tok (%s) | decode %.1f tok/s | rounds %d, "
+            "mean "
+            "accepted %.2f, plain steps %d | queued %.2f s\n",
+            j->head.id, end->prompt_tokens, end->cached_tokens, st->n_generated, end->stop,
+            st->decode_s > 0 && st->n_generated > 1 ? (st->n_generated - 1) / st->decode_s : 0, st->rounds,
+            st->rounds ? (double)st->accepted / st->rounds : 0, st->plain_steps, end->queue_s);
 }
 
 /* Tokenizes the prompt and checks it fits; fills err (400) otherwise. */
@@ -320,6 +325,39 @@ static int prompt_ids(serve_worker *w, serve_job *j, int32_t **ids, int *n, serv
         return -1;
     }
     return 0;
+}
+
+/* Cuts the session back to its longest common prefix with ids (at most n - 1 tokens: the last prompt token
+ * must be fed to give the first new one) and returns that length. */
+static int keep_prefix(serve_worker *w, const int32_t *ids, int n) {
+    int c = 0;
+    while (c < w->n_held && c < n - 1 && w->held[c] == ids[c]) c++;
+    if (fm_session_pos(w->s) != w->n_held || fm_session_truncate(w->s, c, NULL, 0)) {
+        fm_session_reset(w->s); /* never expected: start over rather than trust the cache */
+        c = 0;
+    }
+    w->n_held = c;
+    return c;
+}
+
+/* After a generation: the session holds prompt + reply, or, after a failure, nothing we can vouch for. */
+static void remember(serve_worker *w, int rc, const int32_t *ids, int n, const int32_t *gen, int n_gen) {
+    const int total = n + n_gen;
+    if (rc == 0 && total > w->held_cap) {
+        int32_t *h = realloc(w->held, (size_t)total * sizeof *h);
+        if (h) {
+            w->held = h;
+            w->held_cap = total;
+        }
+    }
+    if (rc || total > w->held_cap || fm_session_pos(w->s) != total) {
+        fm_session_reset(w->s);
+        w->n_held = 0;
+        return;
+    }
+    memcpy(w->held, ids, (size_t)n * sizeof *ids);
+    if (n_gen) memcpy(w->held + n, gen, (size_t)n_gen * sizeof *gen);
+    w->n_held = total;
 }
 
 static void run_job(serve_worker *w, serve_job *j) {
@@ -347,9 +385,15 @@ static void run_job(serve_worker *w, serve_job *j) {
     gp.user = &g;
     fm_generate_stats st;
     char msg[FM_ERRBUF_SIZE];
-    fm_session_reset(w->s);
-    int rc = g.ts ? fm_session_generate(w->s, ids, n_ids, &gp, NULL, NULL, &st, msg, sizeof msg) : -1;
+    const int cached = keep_prefix(w, ids, n_ids);
+    int32_t *gen = NULL;
+    int n_gen = 0;
+    int rc = g.ts ? fm_session_generate(w->s, ids + cached, n_ids - cached, &gp, &gen, &n_gen, &st, msg,
+                                        sizeof msg)
+                  : -1;
     if (!g.ts) snprintf(msg, sizeof msg, "out of memory");
+    remember(w, rc, ids, n_ids, gen, n_gen);
+    free(gen);
     free(ids);
     size_t tail_len = 0;
     const char *tail = rc == 0 ? fm_text_stream_flush(g.ts, &tail_len) : NULL;
@@ -375,13 +419,15 @@ static void run_job(serve_worker *w, serve_job *j) {
         serve_reply_end end = {.stop = stop_detail(&st, g.stop_hit),
                                .speculative = w->p.speculative,
                                .queue_s = t_start - j->t_queued,
+                               .prompt_tokens = n_ids,
+                               .cached_tokens = cached,
                                .st = st};
         end.finish_reason = g.stop_hit || st.stop == FM_STOP_TOKEN ? "stop" : "length";
-        log_job(j, &st, end.stop, end.queue_s);
+        log_job(j, &end);
         if (j->req.stream) {
             stream_text(&g, 1);
             job_emit(j, serve_openai_chunk(&j->head, "", 0, 0, &end));
-            if (j->req.include_usage) job_emit(j, serve_openai_usage_chunk(&j->head, &st));
+            if (j->req.include_usage) job_emit(j, serve_openai_usage_chunk(&j->head, &end));
             job_emit(j, strdup("data: [DONE]\n\n"));
         } else {
             char *body = serve_openai_reply(&j->head, g.text, g.len, &end);
@@ -495,6 +541,7 @@ void serve_worker_stop(serve_worker *w) {
 void serve_worker_free(serve_worker *w) {
     if (!w) return;
     fm_session_free(w->s);
+    free(w->held);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w);
