@@ -797,6 +797,16 @@ extern "C" int fm_cuda_debug_draft_head(fm_cuda_backend *b, float *out) {
                : -1;
 }
 
+extern "C" int fm_cuda_debug_drafter_context(fm_cuda_backend *b, const float *feat, int n, int start) {
+    char err[256];
+    if (!b->has_drafter || n < 1 || n > b->pend_cap || flush(b, err, sizeof err) ||
+        cudaStreamSynchronize(b->st) != cudaSuccess ||
+        cudaMemcpy(b->pending, feat, (size_t)n * b->fw * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+        drafter_extend(b, b->pending, n, start, err, sizeof err))
+        return -1;
+    return cudaStreamSynchronize(b->st) == cudaSuccess ? 0 : -1;
+}
+
 extern "C" void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on) {
     b->use_graphs = on;
 }

@@ -18,6 +18,9 @@ int fm_cuda_debug_logits(fm_cuda_backend *b, float *out, int rows);
 int fm_cuda_debug_features(fm_cuda_backend *b, float *out, int rows);
 /* The last draft's head outputs [block][target_dim]. */
 int fm_cuda_debug_draft_head(fm_cuda_backend *b, float *out);
+/* The drafter's context rows start .. start+n-1 from host feature rows feat [n][feature width] (in place of
+ * the target's own captured features), for tests that compare the drafter alone. */
+int fm_cuda_debug_drafter_context(fm_cuda_backend *b, const float *feat, int n, int start);
 /* 0: no CUDA graphs (every kernel launched each call); 1 (default): graphs for evals of up to 32 rows. */
 void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on);
 /* Device-to-device copy bandwidth in GB/s (bytes read + written), median of reps copies of `bytes`. */
