@@ -4,7 +4,9 @@
  * weight GB/s (bytes of W read per second, each byte once per call) and GFLOP/s (2 * rows * cols * T per
  * call) at the best time and at the median, and the best time relative to T = 1. Usage: bench_kernels
  * [threads=2] [seconds_per_case=0.3] [max_scalar_T=1] [type: f32|f16|bf16|q8_0] [T list, e.g. 1,8,17,64,256
- * (the default)] Weights rotate over enough copies to exceed 128 MB, so they come from DRAM, not the L3. */
+ * (the default)] [MB of weights to rotate over=128]. Weights rotate over enough copies to exceed that size,
+ * so they come from DRAM when it exceeds the L3: 128 MB does here, not on the device's Xeon (300 MB of L3),
+ * where a model's weights streamed from DRAM need 1024 or more. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,10 +78,15 @@ int main(int argc, char **argv) {
             p = *end == ',' ? end + 1 : end;
         }
     }
+    const long rot_mb = argc > 6 ? atol(argv[6]) : 128;
+    if (rot_mb < 1 || rot_mb > 65536) {
+        fprintf(stderr, "bad rotation size %s (1..65536 MB)\n", argv[6]);
+        return 2;
+    }
     fm_pool *pool = fm_pool_create(threads);
     const fm_isa best = fm_cpu_isa_best();
-    printf("bench_kernels: %d threads, best ISA %s, %.2f s per case\n", fm_pool_size(pool), fm_isa_name(best),
-           secs);
+    printf("bench_kernels: %d threads, best ISA %s, %.2f s per case, weights rotating over %ld MB\n",
+           fm_pool_size(pool), fm_isa_name(best), secs, rot_mb);
     printf("%-5s %-7s %-11s %4s %9s %9s %8s %9s %9s %7s\n", "type", "isa", "shape", "T", "best ms",
            "median ms", "GB/s", "GFLOP/s", "(median)", "x T=1");
     float *x = malloc(sizeof(float) * 256 * 9728), *y = malloc(sizeof(float) * 256 * 9728);
@@ -89,7 +96,7 @@ int main(int argc, char **argv) {
         for (int s = 0; s < 2; s++) {
             const int64_t rows = shapes[s][0], cols = shapes[s][1];
             const size_t bytes = fm_dtype_row_bytes((fm_dtype)dt, cols) * (size_t)rows;
-            int ncopies = (int)((128u << 20) / bytes) + 1;
+            int ncopies = (int)(((size_t)rot_mb << 20) / bytes) + 1;
             char *data = malloc(bytes * (size_t)ncopies);
             if (!data) {
                 fprintf(stderr, "out of memory\n");

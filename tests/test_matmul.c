@@ -266,7 +266,8 @@ static void test_isa_levels(void) {
 
 /* Rows of a T-token call must equal single-token calls bit for bit, wherever the token falls in the kernel's
  * tiles and chunks. Shapes cover a partial last group of blocks (cols 1056 = 33 blocks), odd row counts
- * (2-row tiles), several row chunks per worker and a prefetch that reaches the matrix end. */
+ * (2-row tiles), several row chunks per worker, a prefetch that reaches the matrix end, and rows long enough
+ * (cols 9728) that a batch's activations are split into many column segments (AVX-512 row-pair path). */
 static void test_batch_independence(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
     enum { TMAX = 40 };
     fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols)};
@@ -364,7 +365,7 @@ int main(void) {
         test_type((fm_dtype)dt, 9, 100, pool);
         test_type((fm_dtype)dt, 6, 7, pool);
     }
-    static const int64_t bi_shapes[][2] = {{67, 1056}, {301, 2560}, {9, 64}};
+    static const int64_t bi_shapes[][2] = {{67, 1056}, {301, 2560}, {9, 64}, {21, 9728}};
     for (size_t s = 0; s < sizeof bi_shapes / sizeof *bi_shapes; s++)
         test_batch_independence(FM_DTYPE_Q8_0, bi_shapes[s][0], bi_shapes[s][1], pool);
     for (int dt = FM_DTYPE_F32; dt <= FM_DTYPE_BF16; dt++)

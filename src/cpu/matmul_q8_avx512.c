@@ -1,12 +1,19 @@
 /* matmul_q8_avx512.c: the AVX-512 VNNI Q8_0 kernel (F/BW/VL/DQ + VNNI; runs only after matmul.c checked
  * avx512vnni). Same scheme as matmul_q8_avx2.c with 16 blocks per group (one per 32-bit lane of a zmm):
  * vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes and adds them to an int32 lane without saturation,
- * so weights are read as w + 128 (unsigned: interleaved in registers for short batches, packed once per call
- * into a per-worker chunk for longer ones), activations stay signed, and 128 * sum(x) per block (computed
- * once per token) is subtracted: one instruction per 64 bytes of products, no sign or widening step. Tiles of
- * 1 row x 8 tokens; the f32 part per (row, token, group) is one
- * convert, one scale multiply and one FMA, in the same order for every T, so verify rows equal single steps
- * bit for bit (speculative decoding depends on it). */
+ * so weights are read as w + 128 (unsigned), activations stay signed, and 128 * sum(x) per block (computed
+ * once per token) is subtracted: one instruction per 64 bytes of products, no sign or widening step.
+ *
+ * Three ways through the rows, by batch size T (thresholds measured on an Emerald Rapids Xeon, 2 threads):
+ * - direct (T <= 8: decode steps, verify(7)): each row interleaved in registers as it streams in, one tile of
+ *   1 row x T tokens;
+ * - row pairs (T = 9..12, and up to 24 for rows of 8192+ columns: verify blocks, the drafter's 16 slots): two
+ *   rows interleaved once per group and kept in registers for every 4-token tile, so each activation load
+ *   feeds two rows; columns in segments whose activations stay in L1 (this is what wins on long rows);
+ * - packed (longer batches: prefill): a chunk of rows packed once per call into the worker's scratch, then
+ *   tiles of 1 row x 8 tokens over it.
+ * The f32 part per (row, token, group) is one convert, one scale multiply and one FMA, in the same order for
+ * every T and path, so verify rows equal single steps bit for bit (speculative decoding depends on it). */
 #include <immintrin.h>
 
 #include "cpu/matmul_kernels.h"
@@ -16,8 +23,12 @@ enum {
     G16 = 16,                      /* blocks per group */
     GROUP_BYTES = FM_Q8_VECS * 64, /* bytes of a group */
     Q8_PREFETCH = 2048,            /* bytes ahead of its reads that a row stream prefetches */
-    Q8_PACK_MIN_T = 9,             /* batches of this size and more pack their rows; shorter ones read them
-                                      directly (one tile of up to 8 tokens: packing would not pay) */
+    Q8_DIRECT_MAX_T = 8,           /* batches up to this size read each row directly (one tile) */
+    Q8_PAIR_MAX_T = 12,            /* longer batches up to this size take the row-pair path, */
+    Q8_PAIR_LONG_MAX_T = 24,       /* and up to this size when rows have Q8_PAIR_LONG_GROUPS groups or more */
+    Q8_PAIR_LONG_GROUPS = 16,      /* (8192 columns: the MLP down projections) */
+    Q8_PAIR_ROWS = 8,              /* rows per chunk of the row-pair path */
+    Q8_PAIR_L1 = 24 << 10,         /* bytes of activations per segment of the row-pair path (L1: 48 KB) */
 };
 
 static const int8_t k_zero_block[FM_QK8_0]; /* the padding of a row's last group */
@@ -114,8 +125,15 @@ static int64_t q8_chunk_rows(int64_t cols) {
     return n < 4 ? 4 : n > 32 ? 32 : n;
 }
 
+/* Whether a batch of T tokens over rows of ng groups takes the row-pair path (see the top of the file). */
+static int q8_pair(int T, int64_t ng) {
+    return T > Q8_DIRECT_MAX_T &&
+           (T <= Q8_PAIR_MAX_T || (T <= Q8_PAIR_LONG_MAX_T && ng >= Q8_PAIR_LONG_GROUPS));
+}
+
 static size_t q8_tls_bytes(int T, int64_t cols) {
-    if (T < Q8_PACK_MIN_T) return 0;
+    if (T <= Q8_DIRECT_MAX_T) return 0;
+    if (q8_pair(T, q8_groups(cols))) return (size_t)Q8_PAIR_ROWS * (size_t)T * G16 * sizeof(float);
     return (size_t)q8_chunk_rows(cols) * (size_t)q8_groups(cols) * (GROUP_BYTES + G16 * sizeof(float));
 }
 
@@ -222,16 +240,136 @@ static void q8_tile_any(const int8_t *wq, const float *wd, const fm_block_q8_0 *
 #undef Q8_TILE_CASE
 }
 
-/* Rows [r0, r1): short batches row by row straight from memory; longer ones by chunks packed into tls (their
- * only pass over memory), every 8-token tile then running over every packed row while the next chunk is
- * prefetched. */
+/* ---- row-pair path (q8_pair) ---- */
+
+/* R rows (1, 2; interleaved in v[r], scales dw[r]) x TT tokens (1..4) from t0, group g: per token 8 x loads
+ * feed 8 R vpdpbusd, then the same f32 step as q8_tile, with the accumulators of (row r, token t) in
+ * acc[(r * T + t) * 16] (zero before group 0). */
+FM_INLINE void q8_pair_tile(const __m512i v[2][8], const __m512 dw[2], const fm_mm_act *a, int64_t g, int t0,
+                            const int R, const int TT, float *acc, int T, int first) {
+    const int64_t ng = a->ng, xq_stride = ng * GROUP_BYTES, xs_stride = ng * G16;
+    const int8_t *xr = a->xr + (int64_t)t0 * xq_stride + g * GROUP_BYTES;
+    const float *xs = a->xs + (int64_t)t0 * xs_stride + g * G16;
+    const int32_t *xc = a->xc + (int64_t)t0 * xs_stride + g * G16;
+    __m512i ia[2][4];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) ia[r][t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int j = 0; j < FM_Q8_VECS; j++)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            __m512i x = _mm512_load_si512(xr + t * xq_stride + 64 * j);
+            FM_PIN(x); /* one load for both rows */
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) ia[r][t] = _mm512_dpbusd_epi32(ia[r][t], v[r][j], x);
+        }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            float *p = acc + ((int64_t)r * T + t0 + t) * G16;
+            const __m512i isum = _mm512_sub_epi32(ia[r][t], _mm512_load_si512(xc + t * xs_stride));
+            const __m512 s = _mm512_mul_ps(dw[r], _mm512_load_ps(xs + t * xs_stride));
+            const __m512 prev = first ? _mm512_setzero_ps() : _mm512_load_ps(p);
+            _mm512_store_ps(p, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, prev));
+        }
+}
+
+/* Groups [g0, g1) of rows b[0], b[1] (R of them) for all T tokens: each group of each row is interleaved once
+ * and stays in registers for every 4-token tile. A few lines of the stream pf go to L2 per group. */
+FM_INLINE void q8_pair_groups(const fm_block_q8_0 *const b[2], q8_prefetch *pf, int64_t nb,
+                              const fm_mm_act *a, int64_t g0, int64_t g1, const int R, float *acc) {
+    const int T = a->T;
+    for (int64_t g = g0; g < g1; g++) {
+        __m512i v[2][8];
+        __m512 dw[2];
+        const int m = nb - g * G16 < G16 ? (int)(nb - g * G16) : G16;
+        for (int i = 0; i < pf->per_group && pf->p < pf->end; i++, pf->p += 64)
+            _mm_prefetch(pf->p, _MM_HINT_T1);
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            q8_interleave16(b[r] + g * G16, m, 1, v[r]);
+            dw[r] = q8_scales16(b[r] + g * G16, m);
+        }
+        for (int t0 = 0; t0 < T; t0 += 4) {
+            const int tt = T - t0 < 4 ? T - t0 : 4;
+            switch (tt) {
+            case 4:
+                q8_pair_tile(v, dw, a, g, t0, R, 4, acc, T, g == 0);
+                break;
+            case 3:
+                q8_pair_tile(v, dw, a, g, t0, R, 3, acc, T, g == 0);
+                break;
+            case 2:
+                q8_pair_tile(v, dw, a, g, t0, R, 2, acc, T, g == 0);
+                break;
+            default:
+                q8_pair_tile(v, dw, a, g, t0, R, 1, acc, T, g == 0);
+                break;
+            }
+        }
+    }
+}
+
+/* Rows [r0, r1) in chunks of Q8_PAIR_ROWS, read straight from memory, two at a time so that each activation
+ * load feeds two rows. The columns go in segments whose activations (all T tokens) stay in L1 while the
+ * chunk's rows pass; the f32 accumulators wait in tls [Q8_PAIR_ROWS][T][16] between segments. Segments visit
+ * the rows out of address order, so the hardware prefetchers do not follow: the next chunk (past r1 too:
+ * likely this worker's next one) is prefetched into L2 as one stream spread over the chunk's groups, and the
+ * first chunk up front. */
+static void q8_pair_rows(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                         int64_t r1, void *tls) {
+    const int64_t nb = w->cols / FM_QK8_0, ng = a->ng, T = a->T;
+    const int64_t row_bytes = nb * (int64_t)sizeof(fm_block_q8_0);
+    const char *wbase = w->data;
+    int64_t seg = Q8_PAIR_L1 / (T * (GROUP_BYTES + 2 * G16 * (int64_t)sizeof(float)));
+    seg = seg < 1 ? 1 : seg > ng ? ng : seg;
+    const int64_t nseg = (ng + seg - 1) / seg;
+    seg = (ng + nseg - 1) / nseg;
+    float *acc = tls;
+    const int64_t first_end = r0 + Q8_PAIR_ROWS < r1 ? r0 + Q8_PAIR_ROWS : r1;
+    for (const char *p = wbase + r0 * row_bytes; p < wbase + first_end * row_bytes; p += 64)
+        _mm_prefetch(p, _MM_HINT_T1);
+    for (int64_t rc = r0; rc < r1; rc += Q8_PAIR_ROWS) {
+        const int64_t n = r1 - rc < Q8_PAIR_ROWS ? r1 - rc : Q8_PAIR_ROWS;
+        const int64_t next_end = rc + n + Q8_PAIR_ROWS < w->rows ? rc + n + Q8_PAIR_ROWS : w->rows;
+        q8_prefetch pf = {wbase + (rc + n) * row_bytes, wbase + next_end * row_bytes, 0};
+        const int64_t iters = (n + 1) / 2 * ng;
+        pf.per_group = pf.end > pf.p ? (int)(((pf.end - pf.p) / 64 + iters - 1) / iters) : 0;
+        for (int64_t g0 = 0; g0 < ng; g0 += seg) {
+            const int64_t g1 = g0 + seg < ng ? g0 + seg : ng;
+            for (int64_t i = 0; i < n; i += 2) {
+                const fm_block_q8_0 *b[2] = {(const fm_block_q8_0 *)(wbase + (rc + i) * row_bytes),
+                                             (const fm_block_q8_0 *)(wbase + (rc + i + 1) * row_bytes)};
+                if (n - i >= 2)
+                    q8_pair_groups(b, &pf, nb, a, g0, g1, 2, acc + i * T * G16);
+                else
+                    q8_pair_groups(b, &pf, nb, a, g0, g1, 1, acc + i * T * G16);
+            }
+        }
+        for (int64_t i = 0; i < n; i++)
+            for (int t = 0; t < T; t++)
+                fm_mm_store(w, y, bias, rc + i, t,
+                            _mm512_reduce_add_ps(_mm512_load_ps(acc + (i * T + t) * G16)));
+    }
+}
+
+/* Rows [r0, r1): short batches row by row straight from memory; row pairs (q8_pair_rows); longer batches by
+ * chunks packed into tls (their only pass over memory), every 8-token tile then running over every packed row
+ * while the next chunk is prefetched. */
 static void q8_kernel(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                       int64_t r1, void *tls) {
     const int64_t nb = w->cols / FM_QK8_0, ng = a->ng;
     const int64_t row_bytes = nb * (int64_t)sizeof(fm_block_q8_0);
     const char *wbase = w->data;
     q8_prefetch pf = {NULL, NULL, 0};
-    if (a->T < Q8_PACK_MIN_T) {
+    if (q8_pair(a->T, ng)) {
+        q8_pair_rows(w, a, y, bias, r0, r1, tls);
+        return;
+    }
+    if (a->T <= Q8_DIRECT_MAX_T) {
         for (int64_t r = r0; r < r1; r++) {
             float out[8];
             q8_tile_any(NULL, NULL, (const fm_block_q8_0 *)(wbase + r * row_bytes), nb, a, 0, 1, a->T, out,
