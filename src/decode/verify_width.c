@@ -6,12 +6,13 @@
 /* Counts decay per round (a window of ~10 rounds: acceptance drifts with the text); timings are running
  * averages. PRIOR_RATE stands in for slot 1 before any round, PRIOR_WEIGHT is how many rounds a neighbour's
  * estimate is worth. */
-static const double DECAY = 0.9, TIME_KEEP = 0.6, PRIOR_RATE = 0.7, PRIOR_WEIGHT = 1.0;
+static const double DECAY = 0.9, TIME_KEEP = 0.6, SLOPE_KEEP = 0.9, PRIOR_RATE = 0.7, PRIOR_WEIGHT = 1.0;
 
 void fm_width_reset(fm_width_model *m) {
     for (int i = 0; i <= FM_MAX_BLOCK; i++) m->tested[i] = m->passed[i] = 0;
     for (int t = 0; t <= FM_MAX_BLOCK + 1; t++) m->cost_ms[t] = NAN;
-    for (int k = 0; k <= FM_MAX_BLOCK; k++) m->draft_ms[k] = NAN;
+    m->draft_ms = m->draft_k = NAN;
+    m->s1 = m->sk = m->skk = m->sy = m->sky = 0;
 }
 
 static void running(double *avg, double x) {
@@ -30,7 +31,15 @@ void fm_width_observe_round(fm_width_model *m, int K, int accepted, double draft
         m->passed[i] += i <= accepted;
     }
     running(&m->cost_ms[K + 1], verify_ms);
-    if (draft_ms >= 0) running(&m->draft_ms[K], draft_ms);
+    if (draft_ms >= 0) {
+        running(&m->draft_ms, draft_ms);
+        running(&m->draft_k, K);
+        m->s1 = SLOPE_KEEP * m->s1 + 1;
+        m->sk = SLOPE_KEEP * m->sk + K;
+        m->skk = SLOPE_KEEP * m->skk + (double)K * K;
+        m->sy = SLOPE_KEEP * m->sy + draft_ms;
+        m->sky = SLOPE_KEEP * m->sky + K * draft_ms;
+    }
 }
 
 void fm_width_observe_step(fm_width_model *m, double step_ms) {
@@ -58,9 +67,9 @@ double fm_width_expected_tokens(const fm_width_model *m, int K) {
     return tokens;
 }
 
-/* cost[n] for n in 1..n_max from the timed entries: linear between the nearest timed n below and above, the
- * nearest two's line outside them; NaN when fewer than two were timed. */
-static double interpolate(const double *cost, int n_max, int T) {
+double fm_width_cost_ms(const fm_width_model *m, int T) {
+    const double *cost = m->cost_ms;
+    const int n_max = FM_MAX_BLOCK + 1;
     /* The timed sizes nearest below and above T (two below or two above when T is outside them). */
     int lo = -1, lo2 = -1, hi = -1, hi2 = -1;
     for (int t = T; t >= 1 && lo2 < 0; t--)
@@ -94,16 +103,14 @@ static double interpolate(const double *cost, int n_max, int T) {
     return c > 0 ? c : cost[a];
 }
 
-double fm_width_cost_ms(const fm_width_model *m, int T) {
-    return interpolate(m->cost_ms, FM_MAX_BLOCK + 1, T);
-}
-
 double fm_width_draft_ms(const fm_width_model *m, int K) {
-    const double line = interpolate(m->draft_ms, FM_MAX_BLOCK, K);
-    if (!isnan(line)) return line;
-    for (int k = 1; k <= FM_MAX_BLOCK; k++)
-        if (!isnan(m->draft_ms[k])) return m->draft_ms[k];
-    return NAN;
+    if (isnan(m->draft_ms)) return NAN;
+    /* Weighted least squares over the decayed sums; no spread in K (one width so far) gives no slope. */
+    const double spread = m->s1 * m->skk - m->sk * m->sk;
+    double slope = spread > 1e-9 * m->s1 * m->s1 ? (m->s1 * m->sky - m->sk * m->sy) / spread : 0;
+    if (slope < 0) slope = 0;
+    const double ms = m->draft_ms + slope * (K - m->draft_k);
+    return ms > 0 ? ms : 0;
 }
 
 int fm_width_choose(const fm_width_model *m, int k_max, int otherwise) {

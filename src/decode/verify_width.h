@@ -5,20 +5,24 @@
  * per millisecond of draft + verify: tokens(K) = 1 + sum_{i=1..K} P(slots 1..i all accepted),   K* = argmax
  * tokens(K) / (draft(K) + verify(K+1)). Slot i's acceptance is estimated from the rounds that reached it
  * (decayed counts, shrunk towards slot i-1's estimate, so slots never tested inherit their neighbour's);
- * verify costs are measured per block size, draft costs per number of drafts asked for (a CPU drafter skips
- * the lm_head of the slots not verified), both interpolated linearly. Until two block sizes have been timed,
- * the caller's rule decides (see choose). */
+ * verify costs are measured per block size and interpolated linearly; the draft cost is a line in K (a CPU
+ * drafter skips the lm_head of the slots not verified, a GPU one drafts the whole block): its level a fast
+ * running average of every round, its slope fitted over the last ~10 rounds, so that one slow draft (a graph
+ * capture, a page fault) is forgotten whichever K comes next. Until two block sizes have been timed, the
+ * caller's rule decides (see choose). */
 #ifndef FM_DECODE_VERIFY_WIDTH_H
 #define FM_DECODE_VERIFY_WIDTH_H
 
 #include "flashmap.h"
 
 typedef struct {
-    double tested[FM_MAX_BLOCK + 1];   /* [i]: decayed count of rounds whose slot i was compared (1-based) */
-    double passed[FM_MAX_BLOCK + 1];   /* [i]: ... of which slot i was accepted */
-    double cost_ms[FM_MAX_BLOCK + 2];  /* [T]: running verify time of a T-row block; NaN until timed */
-    double draft_ms[FM_MAX_BLOCK + 1]; /* [K]: running draft (+ context) time of a K-draft round; NaN until
-                                          timed */
+    double tested[FM_MAX_BLOCK + 1];  /* [i]: decayed count of rounds whose slot i was compared (1-based) */
+    double passed[FM_MAX_BLOCK + 1];  /* [i]: ... of which slot i was accepted */
+    double cost_ms[FM_MAX_BLOCK + 2]; /* [T]: running verify time of a T-row block; NaN until timed */
+    /* Draft (+ context) time of a round: running averages of the time and of K (the level), and decayed
+     * sums of 1, K, K^2, time and K * time (the slope's least-squares fit). */
+    double draft_ms, draft_k;
+    double s1, sk, skk, sy, sky;
 } fm_width_model;
 
 void fm_width_reset(fm_width_model *m);
@@ -35,8 +39,8 @@ double fm_width_expected_tokens(const fm_width_model *m, int K);
 /* Verify time of a T-row block from the timed sizes (linear between them, the nearest two's line outside);
  * NaN when fewer than two sizes were timed. */
 double fm_width_cost_ms(const fm_width_model *m, int T);
-/* Draft time of a round asking for K drafts, interpolated the same way; the one timed value when only one
- * K was timed; NaN when none was. */
+/* Draft time of a round asking for K drafts: the level plus the fitted slope (never negative) times K's
+ * distance from the average K; NaN before any round was timed. */
 double fm_width_draft_ms(const fm_width_model *m, int K);
 /* The best K in 1..k_max. Until two block sizes and a draft have been timed: `otherwise`, or half of it when
  * `otherwise`'s block is the one size timed (so that a second size gets timed). */
