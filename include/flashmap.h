@@ -29,7 +29,7 @@ typedef enum {
 } fm_device;
 
 typedef enum {
-    FM_DRAFT_WEIGHTS_AUTO = 0, /* Q8_0 on the CPU, stored on CUDA */
+    FM_DRAFT_WEIGHTS_AUTO = 0, /* Q8_0 (CPU and CUDA) */
     FM_DRAFT_WEIGHTS_Q8_0,
     FM_DRAFT_WEIGHTS_STORED,
 } fm_draft_weights;
@@ -45,9 +45,9 @@ typedef struct {
     int drafter_block;
     const int *drafter_target_layers;
     int drafter_n_target_layers;
-    /* The drafter's matrices on the CPU: FM_DRAFT_WEIGHTS_AUTO makes a Q8_0 copy at load (drafts on the int8
-     * kernels, ~2x faster than BF16; drafts may differ slightly, the output never does); STORED keeps the
-     * file's type. The CUDA backend always runs the stored BF16 weights. */
+    /* The drafter's matrices: FM_DRAFT_WEIGHTS_AUTO makes a Q8_0 copy at load (drafts on the int8 kernels,
+     * ~2x faster than BF16 on the CPU, ~14 % on CUDA; drafts may differ slightly, the output never does);
+     * STORED keeps the file's type (the CUDA backend runs BF16 or Q8_0 matrices). */
     fm_draft_weights drafter_weights;
     /* 1: the CPU reads the target's weights from the file mapping (starts in ~1 s). 0 (default): they are
      * read into transparent huge pages at load (a few seconds more; steps ~8 % faster, never paged out). */

@@ -45,7 +45,7 @@ static void usage(FILE *f) {
         "  --no-spec         plain decoding even with a drafter\n"
         "  --verify MODE     drafts verified per round: adaptive (7 or 16) or a fixed K\n"
         "  --no-fallback     never fall back to plain steps when drafting loses\n"
-        "  --draft-weights W the drafter's matrices on the CPU: auto/q8_0 = a Q8_0 copy made at load\n"
+        "  --draft-weights W the drafter's matrices (CPU and CUDA): auto/q8_0 = a Q8_0 copy made at load\n"
         "                    (faster drafts), stored = as in the file (BF16); the output is the same\n"
         "  --mmap            CPU: read the weights from the file mapping (faster start) instead of copying\n"
         "                    them into huge pages at load (~8%% faster steps)\n"

@@ -49,7 +49,7 @@ static void usage(FILE *f) {
         "  --verify MODE     drafts verified per round: adaptive (default) or a fixed K\n"
         "  --no-fallback     never fall back to plain steps when drafting loses\n"
         "  --device D        cpu, cuda or auto (default)\n"
-        "  --draft-weights W the drafter's matrices on the CPU: auto/q8_0 (a Q8_0 copy) or stored\n"
+        "  --draft-weights W the drafter's matrices (CPU and CUDA): auto/q8_0 (a Q8_0 copy) or stored\n"
         "  --mmap            CPU: read the weights from the file mapping instead of huge pages\n");
 }
 

@@ -1,7 +1,9 @@
 /* bench_cuda.c: the CUDA backend on the full-size synthetic pair (Qwen3-4B-shaped Q8_0 target, FlashMap-
  * Qwen3-4B-shaped BF16 drafter), synthesized into WORKDIR on first use. Reports device-to-device copy
  * bandwidth, plain decode tok/s and its share of the roofline (weights + KV bytes per step / copy bandwidth),
- * verify(8), verify(17) and draft time relative to a step, and end-to-end tok/s at simulated acceptance.
+ * verify(8), verify(17) and draft time relative to a step, and end-to-end tok/s at simulated acceptance;
+ * then (unless FM_BENCH_BF16_ONLY is set) the drafter rows again in the same process with the drafter's
+ * Q8_0 copy (fm_drafter_quantize_q8_0, what --draft-weights q8_0 uploads), on a fresh backend.
  * usage: bench_cuda WORKDIR [prompt_len=512] [new_tokens=256] */
 #include <cuda_profiler_api.h>
 #include <stdint.h>
@@ -10,6 +12,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_debug.h"
+#include "decode/cpu_backend.h"
 #include "decode/speculative.h"
 #include "model/qwen3_synth.h"
 #include "../../tests/cuda/cuda_harness.h"
@@ -27,6 +30,120 @@ static int cmp_d(const void *a, const void *b) {
 static double median(double *v, int n) {
     qsort(v, n, sizeof *v, cmp_d);
     return v[n / 2];
+}
+
+/* Prefill (chunks of 128), features committed; *next: the greedy id after the prompt. */
+static int prefill(fm_decode_backend *G, const int32_t *prompt, int NP, int32_t *next, char *err,
+                   size_t errlen) {
+    G->reset(G->ctx);
+    for (int i = 0; i < NP; i += 128) {
+        const int n = NP - i < 128 ? NP - i : 128;
+        if (G->eval(G->ctx, prompt + i, n, 0, i + n >= NP ? next : NULL, err, errlen) ||
+            G->commit_features(G->ctx, n, i, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
+/* The drafter's rows: its fc1 / fc2 kernels, the draft (graph on / off) and end to end through the decoding
+ * loop (plain, simulated acceptance, the real drafter). step: the plain step of this backend, seconds. */
+static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_drafter *d, const int32_t *prompt,
+                        int NP, int NEW, int32_t next, double step, double bw, const char *tag) {
+    char err[512] = "";
+    static const char *names[] = {"drafter fc1 (+ GELU)", "drafter fc2 (+ gated add)"};
+    for (int k = 6; k < 8; k++) {
+        uint64_t by = 0;
+        const double us = fm_cuda_debug_time_kernel(gb, k, 16, 1, &by);
+        printf("RESULT [%s] kernel %-28s T=16: %8.2f us, %6.0f GB/s = %5.1f%% of copy bandwidth\n", tag,
+               names[k - 6], us, by / (us * 1e-6) / 1e9, 100.0 * by / (us * 1e-6) / (bw * 1e9));
+    }
+    /* The whole block with and without the graph, then 7 drafts (verify 7: the head for 8 slots). */
+    for (int cfg = 0; cfg < 3; cfg++) {
+        const int graphs = cfg != 1, n_out = cfg == 2 ? 7 : G->block;
+        double v[20];
+        int32_t out[64];
+        fm_cuda_debug_set_graphs(gb, graphs);
+        for (int i = 0; i < 22; i++) {
+            double a = hx_now();
+            if (G->draft(G->ctx, next, NP, n_out, out, err, sizeof err))
+                return fprintf(stderr, "draft: %s\n", err), 1;
+            if (i >= 2) v[i - 2] = hx_now() - a;
+        }
+        const double dt = median(v, 20);
+        printf("RESULT [%s] draft (block %d, %d out, graph %s): %.3f ms = %.2f x step\n", tag,
+               fm_drafter_block(d), n_out, graphs ? "on" : "off", dt * 1e3, dt / step);
+    }
+    fm_cuda_debug_set_graphs(gb, 1);
+    fm_decode_averages avg;
+    fm_generate_params p;
+    fm_generate_stats st;
+    int32_t *plain = NULL;
+    int n_plain = 0;
+    hx_params(&p, NEW);
+    G->reset(G->ctx);
+    fm_decode_averages_reset(&avg);
+    if (fm_decode_run(G, &avg, prompt, NP, &p, never, NULL, &plain, &n_plain, &st, err, sizeof err))
+        return fprintf(stderr, "plain: %s\n", err), 1;
+    const double plain_tps = st.n_generated / st.decode_s;
+    printf("RESULT [%s] e2e plain: %d tokens, %.1f tok/s\n", tag, st.n_generated, plain_tps);
+    const double means[] = {0, 4, 6.5, 8};
+    const int verifies[] = {0, 7, 16}; /* 0: adaptive (7 drafts while acceptance is low, else the block) */
+    for (int vi = 0; vi < 3; vi++)
+        for (int mi = 0; mi < 4; mi++) {
+            fm_generate_params ps;
+            hx_params(&ps, NEW);
+            ps.speculative = 1, ps.verify = verifies[vi];
+            ps.sim_future = plain, ps.sim_future_len = n_plain, ps.sim_mean = means[mi], ps.sim_seed = 1;
+            int32_t *ids = NULL;
+            int n = 0;
+            G->reset(G->ctx);
+            fm_decode_averages_reset(&avg);
+            if (fm_decode_run(G, &avg, prompt, NP, &ps, never, NULL, &ids, &n, &st, err, sizeof err))
+                return fprintf(stderr, "spec: %s\n", err), 1;
+            const int same = n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n);
+            printf("RESULT [%s] e2e simulated acceptance %.1f, verify %-8s: %.1f tok/s = %.2f x plain; %d "
+                   "rounds, %.2f accepted/round; ids %s plain\n",
+                   tag, means[mi],
+                   verifies[vi] == 0   ? "adaptive"
+                   : verifies[vi] == 7 ? "7"
+                                       : "16",
+                   st.n_generated / st.decode_s, st.n_generated / st.decode_s / plain_tps, st.rounds,
+                   st.rounds ? (double)st.accepted / st.rounds : 0.0, same ? "==" : "!=");
+            free(ids);
+        }
+    {
+        fm_generate_params ps;
+        hx_params(&ps, NEW);
+        ps.speculative = 1, ps.fallback = 1;
+        int32_t *ids = NULL;
+        int n = 0;
+        G->reset(G->ctx);
+        fm_decode_averages_reset(&avg);
+        if (fm_decode_run(G, &avg, prompt, NP, &ps, never, NULL, &ids, &n, &st, err, sizeof err))
+            return fprintf(stderr, "spec: %s\n", err), 1;
+        printf("RESULT [%s] e2e real (random) drafter, adaptive + fallback: %.1f tok/s, %d rounds, %d "
+               "accepted; ids %s plain\n",
+               tag, st.n_generated / st.decode_s, st.rounds, st.accepted,
+               n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n) ? "==" : "!=");
+        free(ids);
+    }
+    free(plain);
+    return 0;
+}
+
+/* Median of STEPS plain steps (graph + PDL) from the prompt's end; the cache is rewound to NP after. */
+static double plain_step(fm_decode_backend *G, int32_t *next, int NP) {
+    enum { N = 128 };
+    double ts[N];
+    char err[256];
+    for (int i = 0; i < 8 + N; i++) {
+        double a = hx_now();
+        int32_t in = *next;
+        if (G->eval(G->ctx, &in, 1, 0, next, err, sizeof err)) return -1;
+        if (i >= 8) ts[i - 8] = hx_now() - a;
+    }
+    G->rewind(G->ctx, NP);
+    return median(ts, N);
 }
 
 int main(int argc, char **argv) {
@@ -141,18 +258,16 @@ int main(int argc, char **argv) {
            1 / step, 100.0 * (wbytes + kv) / step / (bw * 1e9));
     /* Each kernel group alone (graph of one launch per layer, weights not in L2), at 1, 8 and 17 rows. */
     {
-        static const char *names[] = {
-            "qkv (+RMSNorm, quantise)",           "wo",
-            "gate/up (+RMSNorm, SiLU, quantise)", "down",
-            "lm_head (+RMSNorm, quantise)",       "attention (splits + merge)",
-            "drafter fc1 (bf16, + GELU)",         "drafter fc2 (bf16, + gated add)"};
-        const int Ts[] = {1, 8, 17}, Td[] = {16};
+        static const char *names[] = {"qkv (+RMSNorm, quantise)",           "wo",
+                                      "gate/up (+RMSNorm, SiLU, quantise)", "down",
+                                      "lm_head (+RMSNorm, quantise)",       "attention (splits + merge)"};
+        const int Ts[] = {1, 8, 17};
         int32_t in = next;
         G.eval(G.ctx, &in, 1, 0, NULL, err, sizeof err); /* position NP + 1: a cache row to attend to */
-        for (int k = 0; k < 8; k++)
-            for (int ti = 0; ti < (k < 6 ? 3 : 1); ti++) {
+        for (int k = 0; k < 6; k++)
+            for (int ti = 0; ti < 3; ti++) {
                 uint64_t by = 0;
-                const int T = k < 6 ? Ts[ti] : Td[ti];
+                const int T = Ts[ti];
                 const double us = fm_cuda_debug_time_kernel(gb, k, T, 1, &by);
                 if (by)
                     printf("RESULT kernel %-36s T=%2d: %8.2f us, %6.0f GB/s = %5.1f%% of copy bandwidth\n",
@@ -174,79 +289,26 @@ int main(int argc, char **argv) {
         const double vt = median(v, 20);
         printf("RESULT verify(%d): %.3f ms = %.2f x step\n", T, vt * 1e3, vt / step);
     }
-    for (int graphs = 1; graphs >= 0; graphs--) {
-        double v[20];
-        int32_t out[64];
-        fm_cuda_debug_set_graphs(gb, graphs);
-        for (int i = 0; i < 22; i++) {
-            double a = hx_now();
-            if (G.draft(G.ctx, next, NP, G.block, out, err, sizeof err))
-                return fprintf(stderr, "draft: %s\n", err), 1;
-            if (i >= 2) v[i - 2] = hx_now() - a;
-        }
-        const double dt = median(v, 20);
-        printf("RESULT draft (block %d, graph %s): %.3f ms = %.2f x step\n", fm_drafter_block(d),
-               graphs ? "on" : "off", dt * 1e3, dt / step);
-    }
-    fm_cuda_debug_set_graphs(gb, 1);
-    /* End to end through the decoding loop. */
-    fm_decode_averages avg;
-    fm_generate_params p;
-    fm_generate_stats st;
-    int32_t *plain = NULL;
-    int n_plain = 0;
-    hx_params(&p, NEW);
-    G.reset(G.ctx);
-    fm_decode_averages_reset(&avg);
-    if (fm_decode_run(&G, &avg, prompt, NP, &p, never, NULL, &plain, &n_plain, &st, err, sizeof err))
-        return fprintf(stderr, "plain: %s\n", err), 1;
-    const double plain_tps = st.n_generated / st.decode_s;
-    printf("RESULT e2e plain: %d tokens, %.1f tok/s\n", st.n_generated, plain_tps);
-    const double means[] = {0, 4, 6.5, 8};
-    const int verifies[] = {0, 7, 16}; /* 0: adaptive (7 drafts while acceptance is low, else the block) */
-    for (int vi = 0; vi < 3; vi++)
-        for (int mi = 0; mi < 4; mi++) {
-            fm_generate_params ps;
-            hx_params(&ps, NEW);
-            ps.speculative = 1, ps.verify = verifies[vi];
-            ps.sim_future = plain, ps.sim_future_len = n_plain, ps.sim_mean = means[mi], ps.sim_seed = 1;
-            int32_t *ids = NULL;
-            int n = 0;
-            G.reset(G.ctx);
-            fm_decode_averages_reset(&avg);
-            if (fm_decode_run(&G, &avg, prompt, NP, &ps, never, NULL, &ids, &n, &st, err, sizeof err))
-                return fprintf(stderr, "spec: %s\n", err), 1;
-            const int same = n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n);
-            printf("RESULT e2e simulated acceptance %.1f, verify %-8s: %.1f tok/s = %.2f x plain; %d rounds, "
-                   "%.2f accepted/round; ids %s plain\n",
-                   means[mi],
-                   verifies[vi] == 0   ? "adaptive"
-                   : verifies[vi] == 7 ? "7"
-                                       : "16",
-                   st.n_generated / st.decode_s, st.n_generated / st.decode_s / plain_tps, st.rounds,
-                   st.rounds ? (double)st.accepted / st.rounds : 0.0, same ? "==" : "!=");
-            free(ids);
-        }
-    {
-        fm_generate_params ps;
-        hx_params(&ps, NEW);
-        ps.speculative = 1, ps.fallback = 1;
-        int32_t *ids = NULL;
-        int n = 0;
-        G.reset(G.ctx);
-        fm_decode_averages_reset(&avg);
-        if (fm_decode_run(&G, &avg, prompt, NP, &ps, never, NULL, &ids, &n, &st, err, sizeof err))
-            return fprintf(stderr, "spec: %s\n", err), 1;
-        printf("RESULT e2e real (random) drafter, adaptive + fallback: %.1f tok/s, %d rounds, %d accepted; "
-               "ids %s "
-               "plain\n",
-               st.n_generated / st.decode_s, st.rounds, st.accepted,
-               n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n) ? "==" : "!=");
-        free(ids);
-    }
-    free(plain);
-    free(prompt);
+    if (drafter_rows(gb, &G, d, prompt, NP, NEW, next, step, bw, "bf16 drafter")) return 1;
     fm_cuda_backend_free(gb);
+    gb = NULL;
+    if (!getenv("FM_BENCH_BF16_ONLY")) {
+        /* The same drafter's Q8_0 copy on a fresh backend (same target weights, same prompt). */
+        fm_pool *pool = fm_pool_create(16);
+        t0 = hx_now();
+        if (fm_drafter_quantize_q8_0(d, pool, err, sizeof err) ||
+            fm_cuda_backend_create(m, d, n_ctx, 128, cap, ncap, &gb, err, sizeof err))
+            return fprintf(stderr, "q8_0 drafter: %s\n", err), 1;
+        fm_pool_free(pool);
+        printf("quantise + upload %.1f s\n", hx_now() - t0);
+        G = fm_cuda_backend_ops(gb);
+        if (prefill(&G, prompt, NP, &next, err, sizeof err)) return fprintf(stderr, "prefill: %s\n", err), 1;
+        const double step_q = plain_step(&G, &next, NP);
+        printf("RESULT [q8_0 drafter] plain step (graph + PDL): %.3f ms (this backend)\n", step_q * 1e3);
+        if (drafter_rows(gb, &G, d, prompt, NP, NEW, next, step_q, bw, "q8_0 drafter")) return 1;
+        fm_cuda_backend_free(gb);
+    }
+    free(prompt);
     fm_drafter_free(d);
     qwen3_model_free(m);
     return 0;

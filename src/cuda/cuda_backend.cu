@@ -1,5 +1,6 @@
 /* cuda_backend.cu: fm_decode_backend on an NVIDIA GPU: the Qwen3 target (Q8_0) and the FlashMap drafter
- * (BF16), with weights, KV caches, features and the drafter's context cache all in device memory.
+ * (its stored BF16 matrices, or the host's Q8_0 copy of them: each matrix runs on the product of its type),
+ * with weights, KV caches, features and the drafter's context cache all in device memory.
  *
  * A call copies in the token ids (and the position) and copies out only argmax ids. The target's forward for
  * T rows is one fixed sequence of kernels that read the position from device memory, so an eval of T rows is
@@ -30,8 +31,15 @@ typedef struct {
     float *attn_norm, *q_norm, *k_norm, *ffn_norm;
 } dlayer_t;
 
+/* A drafter matrix: BF16 (h) or Q8_0 (q, when is_q8). */
 typedef struct {
-    fmc_bf16 sqkv, so, cq, ckv, co, fc1, fc2;
+    int is_q8;
+    fmc_q8 q;
+    fmc_bf16 h;
+} dmat_t;
+
+typedef struct {
+    dmat_t sqkv, so, cq, co, fc1, fc2;
     float *fc1_b, *fc2_b, *sq_norm, *sk_norm, *cq_norm, *ck_norm;
     __half *kc, *vc; /* [max_ctx][D] */
 } ddlayer_t;
@@ -71,15 +79,20 @@ struct fm_cuda_backend {
     /* graphs, programmatic dependent launch */
     int use_graphs, use_pdl, n_graphs;
     graph_t graphs[MAX_GRAPHS];
-    cudaGraphExec_t draft_exec;
+    cudaGraphExec_t draft_exec[2]; /* heads of 8 rows, of the whole block */
     /* drafter (has_drafter == 0: none) */
     int has_drafter;
     fm_drafter_hparams dhp;
     int dmax_ctx, dlength;
-    fmc_bf16 fc, anchor_proj, head;
+    dmat_t fc, anchor_proj, head;
+    dmat_t ckv; /* every layer's cross K/V [k0; v0; k1; v1; ...]: all read the same context rows */
+    float *dkv; /* [DRAFT_ROWS][n_layers][2 dim] */
+    int d_rows; /* rows of the head, lm_head and argmax in the draft being captured / launched */
     float *anchor_b, *head_b, *hidden_norm, *anchor_norm, *mods, *slot_input, *inv_freq;
     ddlayer_t *DL;
     float *dx, *dh, *dqkv, *datt, *du, *dtmp, *dhead, *dlogits;
+    int8_t *dxq; /* the Q8_0 matrices' quantised activations (fragment order), DRAFT_ROWS rows */
+    float *dxd;
     unsigned long long *dam;
     int32_t *d_anchor;
     int *d_dpos;
@@ -191,8 +204,8 @@ static int upload_bf16(fm_cuda_backend *b, fmc_bf16 *dst, const fm_matrix *const
     const int64_t K = parts[0]->cols;
     for (int i = 0; i < n; i++) {
         if (parts[i]->dtype != FM_DTYPE_BF16) {
-            snprintf(err, errlen, "cuda: drafter %s is not bf16; the CUDA backend runs BF16 drafters only",
-                     what);
+            snprintf(err, errlen,
+                     "cuda: drafter %s is neither bf16 nor Q8_0; the CUDA backend runs those two only", what);
             return -1;
         }
         if (parts[i]->cols != K || K % 16)
@@ -216,6 +229,19 @@ static int upload_bf16(fm_cuda_backend *b, fmc_bf16 *dst, const fm_matrix *const
     return 0;
 }
 
+/* The parts of one drafter matrix, uploaded in their (common) type. */
+static int upload_dmat(fm_cuda_backend *b, dmat_t *dst, const fm_matrix *const *parts, int n,
+                       const char *what, char *err, size_t errlen) {
+    dst->is_q8 = parts[0]->dtype == FM_DTYPE_Q8_0;
+    for (int i = 1; i < n; i++)
+        if ((parts[i]->dtype == FM_DTYPE_Q8_0) != dst->is_q8) {
+            snprintf(err, errlen, "cuda: drafter %s: parts of different types", what);
+            return -1;
+        }
+    return dst->is_q8 ? upload_q8(b, &dst->q, parts, n, 0, what, err, errlen)
+                      : upload_bf16(b, &dst->h, parts, n, what, err, errlen);
+}
+
 static int upload_opt(fm_cuda_backend *b, float **dst, const float *src, size_t n, char *err, size_t errlen) {
     *dst = NULL;
     return src ? upload_f32(b, dst, src, n, err, errlen) : 0;
@@ -237,11 +263,11 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
     b->dmax_ctx = d->max_ctx;
     const fm_matrix *p1[3];
     p1[0] = &d->fc;
-    if (upload_bf16(b, &b->fc, p1, 1, "fc", err, errlen)) return -1;
+    if (upload_dmat(b, &b->fc, p1, 1, "fc", err, errlen)) return -1;
     p1[0] = &d->anchor_proj;
-    if (upload_bf16(b, &b->anchor_proj, p1, 1, "anchor_proj", err, errlen)) return -1;
+    if (upload_dmat(b, &b->anchor_proj, p1, 1, "anchor_proj", err, errlen)) return -1;
     p1[0] = &d->head;
-    if (upload_bf16(b, &b->head, p1, 1, "head", err, errlen)) return -1;
+    if (upload_dmat(b, &b->head, p1, 1, "head", err, errlen)) return -1;
     if (upload_opt(b, &b->anchor_b, d->anchor_proj_b, D, err, errlen) ||
         upload_opt(b, &b->head_b, d->head_b, H, err, errlen) ||
         upload_f32(b, &b->hidden_norm, d->hidden_norm, D, err, errlen) ||
@@ -255,16 +281,15 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
     for (int l = 0; l < hp->n_layers; l++) {
         const fmd_layer *S = &d->layers[l];
         ddlayer_t *o = &b->DL[l];
-        const fm_matrix *sqkv[3] = {&S->self.q, &S->self.k, &S->self.v}, *ckv[2] = {&S->cross.k, &S->cross.v};
+        const fm_matrix *sqkv[3] = {&S->self.q, &S->self.k, &S->self.v};
         const fm_matrix *so[1] = {&S->self.o}, *cq[1] = {&S->cross.q}, *co[1] = {&S->cross.o};
         const fm_matrix *f1[1] = {&S->fc1}, *f2[1] = {&S->fc2};
-        if (upload_bf16(b, &o->sqkv, sqkv, 3, "self q/k/v", err, errlen) ||
-            upload_bf16(b, &o->so, so, 1, "self o", err, errlen) ||
-            upload_bf16(b, &o->cq, cq, 1, "cross q", err, errlen) ||
-            upload_bf16(b, &o->ckv, ckv, 2, "cross k/v", err, errlen) ||
-            upload_bf16(b, &o->co, co, 1, "cross o", err, errlen) ||
-            upload_bf16(b, &o->fc1, f1, 1, "fc1", err, errlen) ||
-            upload_bf16(b, &o->fc2, f2, 1, "fc2", err, errlen) ||
+        if (upload_dmat(b, &o->sqkv, sqkv, 3, "self q/k/v", err, errlen) ||
+            upload_dmat(b, &o->so, so, 1, "self o", err, errlen) ||
+            upload_dmat(b, &o->cq, cq, 1, "cross q", err, errlen) ||
+            upload_dmat(b, &o->co, co, 1, "cross o", err, errlen) ||
+            upload_dmat(b, &o->fc1, f1, 1, "fc1", err, errlen) ||
+            upload_dmat(b, &o->fc2, f2, 1, "fc2", err, errlen) ||
             upload_opt(b, &o->fc1_b, S->fc1_b, F, err, errlen) ||
             upload_opt(b, &o->fc2_b, S->fc2_b, D, err, errlen) ||
             upload_f32(b, &o->sq_norm, S->self.q_norm, hd, err, errlen) ||
@@ -275,7 +300,14 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
         DALLOC(o->kc, (size_t)b->dmax_ctx * D * 2);
         DALLOC(o->vc, (size_t)b->dmax_ctx * D * 2);
     }
+    {
+        std::vector<const fm_matrix *> kv;
+        for (int l = 0; l < hp->n_layers; l++)
+            kv.push_back(&d->layers[l].cross.k), kv.push_back(&d->layers[l].cross.v);
+        if (upload_dmat(b, &b->ckv, kv.data(), (int)kv.size(), "cross k/v", err, errlen)) return -1;
+    }
     const int R = std::max((int)DRAFT_ROWS, K);
+    DALLOC(b->dkv, (size_t)R * hp->n_layers * 2 * D * 4);
     DALLOC(b->dx, (size_t)R * D * 4);
     DALLOC(b->dh, (size_t)R * D * 4);
     DALLOC(b->dqkv, (size_t)R * 3 * D * 4);
@@ -284,6 +316,9 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
     DALLOC(b->dtmp, (size_t)H * 4);
     DALLOC(b->dhead, (size_t)K * H * 4);
     DALLOC(b->dlogits, (size_t)K * b->vocab * 4);
+    const int maxK = std::max(std::max(b->fw, std::max(D, F)), H), R8 = (R + 7) / 8 * 8;
+    DALLOC(b->dxq, (size_t)R8 * maxK);
+    DALLOC(b->dxd, (size_t)R8 * (maxK / 32) * 4);
     DALLOC(b->dam, (size_t)K * 8);
     DALLOC(b->d_anchor, 4);
     DALLOC(b->d_dpos, 4);
@@ -390,7 +425,8 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     if (!b) return;
     if (b->st) cudaStreamSynchronize(b->st);
     for (int i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graphs[i].exec);
-    if (b->draft_exec) cudaGraphExecDestroy(b->draft_exec);
+    for (int i = 0; i < 2; i++)
+        if (b->draft_exec[i]) cudaGraphExecDestroy(b->draft_exec[i]);
     if (b->allocs)
         for (void *p : *b->allocs) cudaFree(p);
     delete b->allocs;
@@ -402,6 +438,13 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     free(b->L);
     free(b->DL);
     free(b);
+}
+
+static fmc_split *dmat_split(dmat_t *m) {
+    return m->is_q8 ? &m->q.sp : &m->h.sp;
+}
+static int dmat_rows(const dmat_t *m) {
+    return m->is_q8 ? m->q.N : m->h.N;
 }
 
 /* Every product's split list, for the shared split-K scratch. */
@@ -416,12 +459,12 @@ static int splits(fm_cuda_backend *b, fmc_split **out, int *N) {
         out[n] = &L->down.sp, N[n++] = L->down.N;
     }
     if (b->has_drafter) {
-        fmc_bf16 *m[3] = {&b->fc, &b->anchor_proj, &b->head};
-        for (int i = 0; i < 3; i++) out[n] = &m[i]->sp, N[n++] = m[i]->N;
+        dmat_t *m[4] = {&b->fc, &b->anchor_proj, &b->head, &b->ckv};
+        for (int i = 0; i < 4; i++) out[n] = dmat_split(m[i]), N[n++] = dmat_rows(m[i]);
         for (int l = 0; l < b->dhp.n_layers; l++) {
             ddlayer_t *L = &b->DL[l];
-            fmc_bf16 *d[7] = {&L->sqkv, &L->so, &L->cq, &L->ckv, &L->co, &L->fc1, &L->fc2};
-            for (int i = 0; i < 7; i++) out[n] = &d[i]->sp, N[n++] = d[i]->N;
+            dmat_t *d[6] = {&L->sqkv, &L->so, &L->cq, &L->co, &L->fc1, &L->fc2};
+            for (int i = 0; i < 6; i++) out[n] = dmat_split(d[i]), N[n++] = dmat_rows(d[i]);
         }
     }
     return n;
@@ -429,7 +472,7 @@ static int splits(fm_cuda_backend *b, fmc_split **out, int *N) {
 
 /* One split-K scratch and one set of arrival counters (zero) for all products: they run one at a time. */
 static int attach_scratch(fm_cuda_backend *b, char *err, size_t errlen) {
-    const int cap = 1 + 4 * b->n_layers + (b->has_drafter ? 3 + 7 * b->dhp.n_layers : 0);
+    const int cap = 1 + 4 * b->n_layers + (b->has_drafter ? 4 + 6 * b->dhp.n_layers : 0);
     std::vector<fmc_split *> sp(cap);
     std::vector<int> N(cap);
     const int n = splits(b, sp.data(), N.data());
@@ -519,8 +562,10 @@ static void drop_graphs(fm_cuda_backend *b) {
     cudaStreamSynchronize(b->st);
     for (int i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graphs[i].exec);
     b->n_graphs = 0;
-    if (b->draft_exec) cudaGraphExecDestroy(b->draft_exec);
-    b->draft_exec = NULL;
+    for (int i = 0; i < 2; i++) {
+        if (b->draft_exec[i]) cudaGraphExecDestroy(b->draft_exec[i]);
+        b->draft_exec[i] = NULL;
+    }
 }
 
 /* Captures fn(b, T, mode) into an executable graph. */
@@ -603,6 +648,30 @@ static void cu_rewind(void *ctx, int pos) {
 
 /* ---- drafter ---- */
 
+/* y = epilogue(W x + bias) on the product of the matrix's type (mode: FMC_BF16_STORE, _GELU, _GATE_ADD); a
+ * Q8_0 matrix first quantises x into dxq / dxd as the CPU's Q8_0 drafter does, or, with x == NULL, takes
+ * them as ln_mod left them. */
+static void dmm(fm_cuda_backend *b, const dmat_t *w, const float *x, int ldx, int T, float *y, int ldy,
+                const float *bias, int mode, const float *gate, int pdl) {
+    if (w->is_q8) {
+        const fmc_q8_in in = {b->dxq, b->dxd, x, ldx, NULL, 0.f};
+        fmc_q8_dmatmul(&w->q, &in, T, y, ldy, bias, mode, gate, pdl, b->st);
+    } else
+        fmc_bf16_matmul(&w->h, x, ldx, T, y, ldy, bias, mode, gate, pdl, b->st);
+}
+
+/* dh = AdaLN(dx rows) with modulation m, as the input of product w; returns what dmm takes as x (NULL: the
+ * Q8_0 activations, quantised in the same kernel). */
+static const float *ln_mod(fm_cuda_backend *b, const dmat_t *w, const float *m, int T, int pdl) {
+    const int D = b->dhp.dim;
+    if (!w->is_q8) {
+        fmc_ln_mod_rows(b->dx, m, m + D, T, D, b->dhp.ln_eps, b->dh, b->st);
+        return b->dh;
+    }
+    fmc_ln_mod_quant(b->dx, m, m + D, T, D, b->dhp.ln_eps, b->dh, b->dxq, b->dxd, pdl, b->st);
+    return NULL;
+}
+
 static const float *mod_at(const fm_cuda_backend *b, int idx) {
     return b->mods + (size_t)idx * 3 * b->dhp.dim;
 }
@@ -619,14 +688,14 @@ static int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start
     cudaStream_t s = b->st;
     for (int c = 0; c < n; c += DRAFT_ROWS) {
         const int T = std::min((int)DRAFT_ROWS, n - c), p0 = start + c;
-        fmc_bf16_matmul(&b->fc, src + (size_t)c * b->fw, b->fw, T, b->dx, D, NULL, FMC_BF16_STORE, NULL, 0,
-                        s);
+        dmm(b, &b->fc, src + (size_t)c * b->fw, b->fw, T, b->dx, D, NULL, FMC_BF16_STORE, NULL, 0);
         fmc_rmsnorm_rows(b->dx, b->hidden_norm, T, D, hp->rms_eps, b->dh, s);
+        const int KW = 2 * D * hp->n_layers;
+        dmm(b, &b->ckv, b->dh, D, T, b->dkv, KW, NULL, FMC_BF16_STORE, NULL, 0);
         for (int l = 0; l < hp->n_layers; l++) {
-            const ddlayer_t *L = &b->DL[l];
-            fmc_bf16_matmul(&L->ckv, b->dh, D, T, b->dqkv, 2 * D, NULL, FMC_BF16_STORE, NULL, 0, s);
-            fmc_dr_norm_rope(b->dqkv, 2 * D, T, hp->n_heads, hp->head_dim, L->ck_norm, hp->qk_eps, NULL, p0,
-                             b->inv_freq, b->dqkv + D, L->kc, L->vc, s);
+            float *kv = b->dkv + (size_t)l * 2 * D;
+            fmc_dr_norm_rope(kv, KW, T, hp->n_heads, hp->head_dim, b->DL[l].ck_norm, hp->qk_eps, NULL, p0,
+                             b->inv_freq, kv + D, b->DL[l].kc, b->DL[l].vc, s);
         }
     }
     CK(cudaGetLastError());
@@ -655,66 +724,68 @@ static int cu_commit_features(void *ctx, int n, int start, char *err, size_t err
     return 0;
 }
 
-/* The draft from the anchor (*d_anchor) at position *d_dpos: a fixed kernel sequence (graph-capturable). A
- * product whose input was written by the kernel just before it may use PDL; the cross K/V products of
- * layers >= 1 read dh written several kernels back, so they launch plainly. */
+/* The draft from the anchor (*d_anchor) at position *d_dpos: a fixed kernel sequence (graph-capturable); the
+ * final AdaLN, head, lm_head and argmax for the first b->d_rows slots only. A product whose input was
+ * written by the kernel just before it may use PDL. */
 static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
     (void)unused_T, (void)unused_mode;
+    const int rows = b->d_rows;
     const fm_drafter_hparams *hp = &b->dhp;
     const int K = hp->block, D = hp->dim, H = hp->target_dim, nh = hp->n_heads, hd = hp->head_dim;
     const int pdl = b->use_pdl;
     cudaStream_t s = b->st;
-    cudaMemsetAsync(b->dam, 0, (size_t)K * 8, s);
+    cudaMemsetAsync(b->dam, 0, (size_t)rows * 8, s);
     /* 1. The anchor's context slot at pos. */
     fmc_embed_q8(&b->tok, b->d_anchor, 1, b->dtmp, s);
-    fmc_bf16_matmul(&b->anchor_proj, b->dtmp, H, 1, b->dx, D, b->anchor_b, FMC_BF16_STORE, NULL, pdl, s);
+    dmm(b, &b->anchor_proj, b->dtmp, H, 1, b->dx, D, b->anchor_b, FMC_BF16_STORE, NULL, pdl);
     fmc_rmsnorm_rows(b->dx, b->anchor_norm, 1, D, hp->rms_eps, b->dh, s);
+    const int KW = 2 * D * hp->n_layers;
+    dmm(b, &b->ckv, b->dh, D, 1, b->dkv, KW, NULL, FMC_BF16_STORE, NULL, pdl);
     for (int l = 0; l < hp->n_layers; l++) {
-        const ddlayer_t *L = &b->DL[l];
-        fmc_bf16_matmul(&L->ckv, b->dh, D, 1, b->dqkv, 2 * D, NULL, FMC_BF16_STORE, NULL, pdl && l == 0, s);
-        fmc_dr_norm_rope(b->dqkv, 2 * D, 1, nh, hd, L->ck_norm, hp->qk_eps, b->d_dpos, 0, b->inv_freq,
-                         b->dqkv + D, L->kc, L->vc, s);
+        float *kv = b->dkv + (size_t)l * 2 * D;
+        fmc_dr_norm_rope(kv, KW, 1, nh, hd, b->DL[l].ck_norm, hp->qk_eps, b->d_dpos, 0, b->inv_freq, kv + D,
+                         b->DL[l].kc, b->DL[l].vc, s);
     }
     /* 2. Slots at pos+1 .. pos+K from slot_input. 3. The layers. */
     fmc_broadcast_row(b->slot_input, K, D, b->dx, s);
     for (int l = 0; l < hp->n_layers; l++) {
         const ddlayer_t *L = &b->DL[l];
         const float *m = mod_at(b, l * 3 + 0);
-        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
-        fmc_bf16_matmul(&L->sqkv, b->dh, D, K, b->dqkv, 3 * D, NULL, FMC_BF16_STORE, NULL, pdl, s);
+        const float *in = ln_mod(b, &L->sqkv, m, K, pdl);
+        dmm(b, &L->sqkv, in, D, K, b->dqkv, 3 * D, NULL, FMC_BF16_STORE, NULL, pdl);
         fmc_dr_norm_rope(b->dqkv, 3 * D, K, nh, hd, L->sq_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL,
                          NULL, NULL, s);
         fmc_dr_norm_rope(b->dqkv + D, 3 * D, K, nh, hd, L->sk_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq,
                          NULL, NULL, NULL, s);
         fmc_dr_attention(b->dqkv, 3 * D, K, b->dqkv + D, b->dqkv + 2 * D, 3 * D, NULL, NULL, NULL, K, K, nh,
                          hd, b->datt, s);
-        fmc_bf16_matmul(&L->so, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl, s);
+        dmm(b, &L->so, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
 
         m = mod_at(b, l * 3 + 1);
-        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
-        fmc_bf16_matmul(&L->cq, b->dh, D, K, b->dqkv, D, NULL, FMC_BF16_STORE, NULL, pdl, s);
+        in = ln_mod(b, &L->cq, m, K, pdl);
+        dmm(b, &L->cq, in, D, K, b->dqkv, D, NULL, FMC_BF16_STORE, NULL, pdl);
         fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL, NULL,
                          NULL, s);
         fmc_attention_f32(b->dqkv, K, nh, hd, L->kc, L->vc, b->d_dpos, b->dsplits, b->dpart, b->datt, s);
-        fmc_bf16_matmul(&L->co, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl, s);
+        dmm(b, &L->co, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
 
         m = mod_at(b, l * 3 + 2);
-        fmc_ln_mod_rows(b->dx, m, m + D, K, D, hp->ln_eps, b->dh, s);
-        fmc_bf16_matmul(&L->fc1, b->dh, D, K, b->du, hp->ffn, L->fc1_b, FMC_BF16_GELU, NULL, pdl, s);
-        fmc_bf16_matmul(&L->fc2, b->du, hp->ffn, K, b->dx, D, L->fc2_b, FMC_BF16_GATE_ADD, m + 2 * D, pdl, s);
+        in = ln_mod(b, &L->fc1, m, K, pdl);
+        dmm(b, &L->fc1, in, D, K, b->du, hp->ffn, L->fc1_b, FMC_BF16_GELU, NULL, pdl);
+        dmm(b, &L->fc2, b->du, hp->ffn, K, b->dx, D, L->fc2_b, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
     }
     /* 4. Final AdaLN -> head -> the target's lm_head (Q8_0, activations quantised as the CPU does) -> argmax.
      */
     const float *fm = mod_at(b, hp->n_layers * 3);
-    fmc_ln_mod_rows(b->dx, fm, fm + D, K, D, hp->ln_eps, b->dh, s);
-    fmc_bf16_matmul(&b->head, b->dh, D, K, b->dhead, H, b->head_b, FMC_BF16_STORE, NULL, pdl, s);
+    const float *in = ln_mod(b, &b->head, fm, rows, pdl);
+    dmm(b, &b->head, in, D, rows, b->dhead, H, b->head_b, FMC_BF16_STORE, NULL, pdl);
     const fmc_q8_in head_in = {b->xq0, b->xd0, b->dhead, H, NULL, 0.f};
-    fmc_q8_matmul(&b->out, &head_in, K, b->dlogits, b->vocab, 0, NULL, 0, pdl, s);
-    fmc_argmax(b->dlogits, K, b->vocab, b->dam, pdl, s);
+    fmc_q8_matmul(&b->out, &head_in, rows, b->dlogits, b->vocab, 0, NULL, 0, pdl, s);
+    fmc_argmax(b->dlogits, rows, b->vocab, b->dam, pdl, s);
 }
 
-/* Always drafts the whole block: the graph has one shape, and on the GPU the head's rows are cheap (n_out
- * only bounds what the loop reads). */
+/* Runs the whole block of slots (they attend to each other); the head, lm_head and argmax run for the first
+ * 8 slots when n_out <= 8 (the lm_head streams its 0.4 GB once per 8 rows), else for all: two graphs. */
 static int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *err, size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (!b->has_drafter) return fail(err, errlen, "no drafter loaded");
@@ -738,15 +809,17 @@ static int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out,
     *b->h_pos = pos;
     CK(cudaMemcpyAsync(b->d_anchor, b->h_ids, 4, cudaMemcpyHostToDevice, s));
     CK(cudaMemcpyAsync(b->d_dpos, b->h_pos, 4, cudaMemcpyHostToDevice, s));
+    const int g = n_out > 8 || K <= 8;
+    b->d_rows = g ? K : 8;
     if (b->use_graphs) {
-        if (!b->draft_exec && capture(b, draft_forward, 0, 0, &b->draft_exec, err, errlen)) return -1;
-        CK(cudaGraphLaunch(b->draft_exec, s));
+        if (!b->draft_exec[g] && capture(b, draft_forward, 0, 0, &b->draft_exec[g], err, errlen)) return -1;
+        CK(cudaGraphLaunch(b->draft_exec[g], s));
     } else
         draft_forward(b, 0, 0);
     CK(cudaGetLastError());
-    CK(cudaMemcpyAsync(b->h_am, b->dam, (size_t)K * 8, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(b->h_am, b->dam, (size_t)b->d_rows * 8, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
-    for (int k = 0; k < K; k++) out[k] = fmc_argmax_index(b->h_am[k]);
+    for (int k = 0; k < n_out; k++) out[k] = fmc_argmax_index(b->h_am[k]);
     return 0;
 }
 
@@ -851,12 +924,12 @@ static void time_one(fm_cuda_backend *b, int which, int l, int T, int pdl) {
         fmc_q8_matmul(&b->out, &x_in, T, b->logits, b->vocab, 0, NULL, 0, pdl, s);
         break;
     case 6:
-        fmc_bf16_matmul(&b->DL[l % b->dhp.n_layers].fc1, b->dh, b->dhp.dim, T, b->du, b->dhp.ffn,
-                        b->DL[l % b->dhp.n_layers].fc1_b, FMC_BF16_GELU, NULL, pdl, s);
+        dmm(b, &b->DL[l % b->dhp.n_layers].fc1, b->dh, b->dhp.dim, T, b->du, b->dhp.ffn,
+            b->DL[l % b->dhp.n_layers].fc1_b, FMC_BF16_GELU, NULL, pdl);
         break;
     case 7:
-        fmc_bf16_matmul(&b->DL[l % b->dhp.n_layers].fc2, b->du, b->dhp.ffn, T, b->dx, b->dhp.dim,
-                        b->DL[l % b->dhp.n_layers].fc2_b, FMC_BF16_GATE_ADD, b->mods, pdl, s);
+        dmm(b, &b->DL[l % b->dhp.n_layers].fc2, b->du, b->dhp.ffn, T, b->dx, b->dhp.dim,
+            b->DL[l % b->dhp.n_layers].fc2_b, FMC_BF16_GATE_ADD, b->mods, pdl);
         break;
     default:
         fmc_attention_quant(b->q, T, b->n_heads, b->n_kv, b->hd, kc, vc, b->d_pos, b->max_splits, b->part,
@@ -872,7 +945,10 @@ extern "C" double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T
                       : which == 2 ? &b->L[0].gu
                       : which == 3 ? &b->L[0].down
                                    : &b->out;
-    *bytes = which <= 4 ? q8_bytes(w) : which >= 6 ? (uint64_t)b->dhp.dim * b->dhp.ffn * 2 : 0;
+    const dmat_t *dm = which == 6 ? &b->DL[0].fc1 : which == 7 ? &b->DL[0].fc2 : NULL;
+    *bytes = which <= 4 ? q8_bytes(w)
+             : dm       ? (dm->is_q8 ? q8_bytes(&dm->q) : (uint64_t)b->dhp.dim * b->dhp.ffn * 2)
+                        : 0;
     *b->h_pos = b->pos > 0 ? b->pos - 1 : 0;
     cudaMemcpy(b->d_pos, b->h_pos, 4, cudaMemcpyHostToDevice);
     cudaGraph_t g;

@@ -152,3 +152,29 @@ extern "C" int fm_cuda_debug_bf16_matmul(const uint16_t *wt, int N, int K, const
     if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess) return -1;
     return cudaMemcpy(y, dy, (size_t)T * N * 4, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
 }
+
+extern "C" int fm_cuda_debug_q8_dmatmul(const void *blocks, int N, int K, const float *x, int T,
+                                        const float *bias, int mode, const float *gate, float *y) {
+    if (fmc_init() || K % 32) return -1;
+    dev_bufs d;
+    size_t qb, sb;
+    fmc_q8_bytes(N, K, &qb, &sb);
+    void *db = d.up(blocks, (size_t)N * (K / 32) * 34);
+    int4 *qs = (int4 *)d.up(NULL, qb);
+    uint32_t *sc = (uint32_t *)d.up(NULL, sb);
+    float *dx = (float *)d.up(x, (size_t)T * K * 4);
+    float *dbias = bias ? (float *)d.up(bias, (size_t)N * 4) : NULL;
+    float *dgate = gate ? (float *)d.up(gate, (size_t)N * 4) : NULL;
+    float *dy = (float *)d.up(y, (size_t)T * N * 4); /* y holds the residual for GATE_ADD */
+    const size_t T8 = (size_t)(T + 7) / 8 * 8;
+    int8_t *xq = (int8_t *)d.up(NULL, T8 * K);
+    float *xd = (float *)d.up(NULL, T8 * (K / 32) * 4);
+    if (!db || !qs || !sc || !dx || (bias && !dbias) || (gate && !dgate) || !dy || !xq || !xd) return -1;
+    fmc_q8 w;
+    fmc_q8_repack(db, N, K, 0, qs, sc, &w, 0);
+    if (attach(&d, &w.sp, N)) return -1;
+    const fmc_q8_in in = {xq, xd, dx, K, NULL, 0.f};
+    fmc_q8_dmatmul(&w, &in, T, dy, N, dbias, mode, dgate, 0, 0);
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess) return -1;
+    return cudaMemcpy(y, dy, (size_t)T * N * 4, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+}

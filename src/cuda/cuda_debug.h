@@ -16,7 +16,7 @@ extern "C" {
 int fm_cuda_debug_logits(fm_cuda_backend *b, float *out, int rows);
 /* Captured features of the last eval: [rows][n_capture * dim]. */
 int fm_cuda_debug_features(fm_cuda_backend *b, float *out, int rows);
-/* The last draft's head outputs [block][target_dim]. */
+/* The last draft's head outputs [block][target_dim] (a draft of n_out <= 8 writes the first 8 rows only). */
 int fm_cuda_debug_draft_head(fm_cuda_backend *b, float *out);
 /* The drafter's context rows start .. start+n-1 from host feature rows feat [n][feature width] (in place of
  * the target's own captured features), for tests that compare the drafter alone. */
@@ -47,6 +47,10 @@ int fm_cuda_debug_q8_matmul(const void *blocks, int N, int K, const float *x, co
  * NULL. */
 int fm_cuda_debug_bf16_matmul(const uint16_t *w, int N, int K, const float *x, int T, const float *bias,
                               int mode, const float *gate, float *y);
+/* The drafter's Q8_0 product: blocks as fm_cuda_debug_q8_matmul (x quantised in the kernel, no norm), the
+ * epilogue as fm_cuda_debug_bf16_matmul (mode, bias, gate; y in/out). */
+int fm_cuda_debug_q8_dmatmul(const void *blocks, int N, int K, const float *x, int T, const float *bias,
+                             int mode, const float *gate, float *y);
 
 #ifdef __cplusplus
 }

@@ -107,6 +107,14 @@ void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ld
                    int ldy2, int pdl, cudaStream_t s);
 /* W = [gate; up] (2F rows): h = silu(gate . x) * (up . x), quantised to oq, od (fragment order, K = F). */
 void fmc_q8_glu(const fmc_q8 *w, const fmc_q8_in *in, int T, int8_t *oq, float *od, int pdl, cudaStream_t s);
+/* The drafter's Q8_0 copy: v = W[r] . x[t] + bias[r] (bias may be NULL), then mode as fmc_bf16_matmul
+ * (FMC_BF16_STORE, _GELU, _GATE_ADD). Activations as fmc_q8_matmul (in->x: quantised first, no norm). */
+void fmc_q8_dmatmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, const float *bias,
+                    int mode, const float *gate, int pdl, cudaStream_t s);
+/* The drafter's AdaLN as fmc_ln_mod_rows (y [T][n]), and y quantised into xq, xd (fragment order) for a
+ * following fmc_q8_dmatmul with in->x == NULL: one kernel. */
+void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, int T, int n, float eps,
+                      float *y, int8_t *xq, float *xd, int pdl, cudaStream_t s);
 /* x[t] = dequantised rows ids[t] of a q8 table. */
 void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaStream_t s);
 

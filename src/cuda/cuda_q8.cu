@@ -15,7 +15,9 @@
  * on T either. */
 #include "cuda/cuda_gemm.cuh"
 
-enum { Q8_STORE = 0, Q8_ADD = 1, Q8_GLU = 2 };
+/* Q8_D*: the drafter's epilogues (fmc_q8_dmatmul): + bias, then store, GELU or the gated add. Kernels of
+ * their own, so the target's products keep their code. */
+enum { Q8_STORE = 0, Q8_ADD = 1, Q8_GLU = 2, Q8_DSTORE = 3, Q8_DGELU = 4, Q8_DGATE = 5 };
 enum { Q8_WARPS = 8, Q8_THREADS = 256, Q8_SMEM_LIMIT = 200 * 1024 };
 
 /* ---- layout ---- */
@@ -153,6 +155,45 @@ __global__ void __launch_bounds__(Q8_THREADS)
     q8_quant_token(x + (size_t)blockIdx.x * ldx, nw, eps, K, blockIdx.x, xq, xd);
 }
 
+/* Sum over the block's Q8_THREADS threads in a fixed order (warp butterfly, then the warps in order). */
+__device__ double q8_block_sum(double v, double *part) {
+    v = warp_sum_d(v);
+    __syncthreads(); /* part free from a previous call */
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0;
+    for (int w = 0; w < Q8_WARPS; w++) t += part[w];
+    return t;
+}
+
+/* grid (T): the drafter's AdaLN y = LN(x) * (1 + scale) + shift (fmc_ln_mod_rows' formulas) of token t,
+ * then that row quantised (q8_quant_token) for the next Q8_0 product: one kernel instead of two. */
+__global__ void __launch_bounds__(Q8_THREADS)
+    k_ln_mod_quant(const float *x, const float *scale, const float *shift, int n, float eps, float *y,
+                   int8_t *xq, float *xd) {
+    __shared__ double part[Q8_WARPS];
+    pdl_trigger();
+    pdl_wait();
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *yr = y + (size_t)blockIdx.x * n;
+    double su = 0;
+    for (int i = threadIdx.x; i < n; i += Q8_THREADS) su += xr[i];
+    const double mu = q8_block_sum(su, part) / n;
+    double q = 0;
+    for (int i = threadIdx.x; i < n; i += Q8_THREADS) q += (xr[i] - mu) * (xr[i] - mu);
+    q = q8_block_sum(q, part);
+    const float r = (float)(1.0 / sqrt(q / n + eps)), muf = (float)mu;
+    for (int i = threadIdx.x; i < n; i += Q8_THREADS)
+        yr[i] = (xr[i] - muf) * r * (1.0f + scale[i]) + shift[i];
+    __syncthreads(); /* the block's writes of yr are visible to its threads */
+    q8_quant_token(yr, NULL, 0.0f, n, blockIdx.x, xq, xd);
+}
+
+void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, int T, int n, float eps,
+                      float *y, int8_t *xq, float *xd, int pdl, cudaStream_t s) {
+    fmc_launch(k_ln_mod_quant, dim3(T), dim3(Q8_THREADS), 0, s, pdl, x, scale, shift, n, eps, y, xq, xd);
+}
+
 /* ---- the product ---- */
 
 struct q8_args {
@@ -168,6 +209,7 @@ struct q8_args {
     int ldy2;
     int8_t *oq; /* GLU output, fragment order */
     float *od;
+    const float *bias, *gate; /* Q8_D* modes */
 };
 
 __device__ __forceinline__ void mma_s8(int (&d)[4], const int4 &a, uint32_t b0, uint32_t b1) {
@@ -339,6 +381,16 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
             if (t >= T || row >= a.N) continue;
             float v = acc[n][j];
             float *o = a.y + (size_t)t * a.ldy + row;
+            if (MODE >= Q8_DSTORE) { /* as fmc_bf16_matmul's epilogues */
+                if (a.bias) v += a.bias[row];
+                if (MODE == Q8_DGELU)
+                    *o = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+                else if (MODE == Q8_DGATE)
+                    *o = ld_cg(o) + a.gate[row] * v;
+                else
+                    *o = v;
+                continue;
+            }
             if (MODE == Q8_ADD) v = __fadd_rn(ld_cg(o), v);
             *o = v;
             if (a.y2) a.y2[(size_t)t * a.ldy2 + row] = v;
@@ -350,7 +402,11 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
     X(2, Q8_STORE)                                                                                           \
     X(3, Q8_STORE)                                                                                           \
     X(4, Q8_STORE)                                                                                           \
-    X(1, Q8_ADD) X(2, Q8_ADD) X(3, Q8_ADD) X(4, Q8_ADD) X(1, Q8_GLU) X(2, Q8_GLU) X(3, Q8_GLU) X(4, Q8_GLU)
+    X(1, Q8_ADD)                                                                                             \
+    X(2, Q8_ADD)                                                                                             \
+    X(3, Q8_ADD) X(4, Q8_ADD) X(1, Q8_GLU) X(2, Q8_GLU) X(3, Q8_GLU) X(4, Q8_GLU) X(1, Q8_DSTORE)            \
+        X(2, Q8_DSTORE) X(3, Q8_DSTORE) X(4, Q8_DSTORE) X(1, Q8_DGELU) X(2, Q8_DGELU) X(3, Q8_DGELU)         \
+            X(4, Q8_DGELU) X(1, Q8_DGATE) X(2, Q8_DGATE) X(3, Q8_DGATE) X(4, Q8_DGATE)
 
 typedef void (*q8_kernel)(const q8_args);
 
@@ -380,7 +436,8 @@ void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, in
 /* f32 input: the quantiser kernel first. Then launches of at most 32 tokens; only a single-launch product may
  * use PDL (a later chunk would read data two launches back). */
 static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float *y, int ldy, float *y2,
-                   int ldy2, int8_t *oq, float *od, int pdl, cudaStream_t s) {
+                   int ldy2, int8_t *oq, float *od, const float *bias, const float *gate, int pdl,
+                   cudaStream_t s) {
     const int NB = w->K / 32;
     if (in->x) fmc_q8_quant(in->x, in->ldx, in->nw, in->eps, w->K, T, in->xq, in->xd, pdl, s);
     const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
@@ -394,6 +451,7 @@ static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float 
         a.y2 = y2 ? y2 + (size_t)t0 * ldy2 : NULL, a.ldy2 = ldy2;
         a.oq = oq ? oq + (size_t)(t0 / 8) * (w->N / 64) * 256 : NULL;
         a.od = od ? od + (size_t)(t0 / 8) * (w->N / 64) * 8 : NULL;
+        a.bias = bias, a.gate = gate;
         fmc_launch(q8_pick(NT, mode), dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
                    q8_smem(&w->sp, NT, mode), s, pdl && T <= GEMM_MAX_TOK, a);
     }
@@ -401,9 +459,14 @@ static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float 
 
 void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, int add, float *y2,
                    int ldy2, int pdl, cudaStream_t s) {
-    q8_run(w, in, T, add ? Q8_ADD : Q8_STORE, y, ldy, y2, ldy2, NULL, NULL, pdl, s);
+    q8_run(w, in, T, add ? Q8_ADD : Q8_STORE, y, ldy, y2, ldy2, NULL, NULL, NULL, NULL, pdl, s);
 }
 
 void fmc_q8_glu(const fmc_q8 *w, const fmc_q8_in *in, int T, int8_t *oq, float *od, int pdl, cudaStream_t s) {
-    q8_run(w, in, T, Q8_GLU, NULL, 0, NULL, 0, oq, od, pdl, s);
+    q8_run(w, in, T, Q8_GLU, NULL, 0, NULL, 0, oq, od, NULL, NULL, pdl, s);
+}
+
+void fmc_q8_dmatmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, const float *bias,
+                    int mode, const float *gate, int pdl, cudaStream_t s) {
+    q8_run(w, in, T, Q8_DSTORE + mode, y, ldy, NULL, 0, NULL, NULL, bias, gate, pdl, s);
 }

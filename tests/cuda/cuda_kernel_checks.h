@@ -1,8 +1,8 @@
 /* cuda_kernel_checks.h: kernel-level checks of the CUDA backend, part of test_cuda_parity (GPU machine only):
- * the Q8_0 product (with its quantising / RMSNorm prologue and the SiLU-gate epilogue) and the BF16 product
- * against the CPU's scalar references on random data, and the T-invariance of the Q8_0 product (a token's
- * result bit for bit the same whether it runs alone or with up to 39 others). Header-only; included once.
- * Needs CHECK() and hx_rel_err from the including file. */
+ * the Q8_0 product (with its quantising / RMSNorm prologue, the SiLU-gate epilogue and the drafter's bias /
+ * GELU / gated-add epilogues) and the BF16 product against the CPU's scalar references on random data, and
+ * the T-invariance of the Q8_0 product (a token's result bit for bit the same whether it runs alone or with
+ * up to 39 others). Header-only; included once. Needs CHECK() and hx_rel_err from the including file. */
 #ifndef FM_TESTS_CUDA_KERNEL_CHECKS_H
 #define FM_TESTS_CUDA_KERNEL_CHECKS_H
 
@@ -166,6 +166,32 @@ static void kc_check_bf16(int N, int K, int T, int mode, uint64_t seed) {
     free(w), free(x), free(bias), free(gate), free(y), free(ref);
 }
 
+/* The drafter's Q8_0 product: x quantised in the kernel (no norm), + bias, then store / GELU / gated add. */
+static void kc_check_q8d(int N, int K, int T, int mode, uint64_t seed) {
+    uint64_t s = seed;
+    fm_block_q8_0 *w = kc_q8_weights(N, K, &s);
+    float *x = malloc(sizeof(float) * (size_t)T * K), *bias = malloc(sizeof(float) * N);
+    float *gate = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * (size_t)T * N);
+    float *ref = malloc(sizeof(float) * (size_t)T * N);
+    for (size_t i = 0; i < (size_t)T * K; i++) x[i] = kc_uniform(&s);
+    for (int i = 0; i < N; i++) bias[i] = 0.1f * kc_uniform(&s), gate[i] = kc_uniform(&s);
+    for (size_t i = 0; i < (size_t)T * N; i++) y[i] = kc_uniform(&s); /* the residual for the gated add */
+    kc_q8_ref(w, N, K, x, NULL, 0.0f, T, ref);
+    for (size_t i = 0; i < (size_t)T * N; i++) {
+        const float v = ref[i] + bias[i % N];
+        ref[i] = mode == 1   ? 0.5f * v * (1.0f + erff(v * 0.70710678118654752f))
+                 : mode == 2 ? y[i] + gate[i % N] * v
+                             : v;
+    }
+    const int rc = fm_cuda_debug_q8_dmatmul(w, N, K, x, T, bias, mode, gate, y);
+    const double e = hx_rel_err(y, ref, (size_t)T * N);
+    /* As kc_check_q8 without a norm: quantisation bit-identical, exact int32 block dots, only the f32 order
+     * of the block terms differs (~1e-6 of max |y|); the epilogues are the same f32 formulas. */
+    CHECK(!rc && e < 1e-4, "kernel q8 drafter N=%d K=%d T=%d mode %d: rel err vs CPU scalar %.2e (tol 1e-4)",
+          N, K, T, mode, e);
+    free(w), free(x), free(bias), free(gate), free(y), free(ref);
+}
+
 static void kc_run_all(void) {
     /* Shapes that take each split of gemm_plan: warps per tile w and blocks per row group kc. */
     kc_check_q8(40, 96, 0, 1);    /* rows past a 16-row tile, K/32 = 3: w = 1 */
@@ -180,6 +206,10 @@ static void kc_run_all(void) {
     kc_check_bf16(300, 2048, 16, 0, 10); /* kc = 2 */
     kc_check_bf16(300, 2048, 17, 1, 11);
     kc_check_bf16(2048, 512, 40, 2, 12);
+    kc_check_q8d(40, 64, 1, 0, 13);
+    kc_check_q8d(300, 2048, 16, 0, 14); /* kc = 2 */
+    kc_check_q8d(300, 2048, 17, 1, 15);
+    kc_check_q8d(2048, 512, 40, 2, 16); /* two launches of <= 32 tokens */
 }
 
 #endif
