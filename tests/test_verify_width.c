@@ -80,6 +80,15 @@ static void test_estimates(void) {
     rounds(&m, 10, 16, 8, 1.5, 5.7);
     CHECK_MSG(fm_width_draft_ms(&m, 7) < 2 && fm_width_draft_ms(&m, 7) <= fm_width_draft_ms(&m, 16) + 1e-9,
               "draft(7) %g ms, draft(16) %g ms", fm_width_draft_ms(&m, 7), fm_width_draft_ms(&m, 16));
+    /* The same slow draft at the larger width, then rounds at K = 3 only: the slope it suggests fades with
+     * the rounds (no width is locked out for good: the GPU bench stayed at K = 3 for 28 rounds). */
+    fm_width_reset(&m);
+    fm_width_observe_round(&m, 7, 7, 50, 3.4);
+    rounds(&m, 3, 3, 3, 4, 3.3);
+    CHECK_MSG(fm_width_draft_ms(&m, 7) > 10, "right after: draft(7) %g ms", fm_width_draft_ms(&m, 7));
+    rounds(&m, 12, 3, 3, 4, 3.3);
+    CHECK_MSG(fm_width_draft_ms(&m, 7) < 5, "after 15 rounds at K = 3: draft(7) %g ms",
+              fm_width_draft_ms(&m, 7));
 }
 
 /* The choice equals the brute-force argmax of tokens(K) / (draft + cost(K + 1)). */

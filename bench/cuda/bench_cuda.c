@@ -94,6 +94,9 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
             hx_params(&ps, NEW);
             ps.speculative = 1, ps.verify = verifies[vi];
             ps.sim_future = plain, ps.sim_future_len = n_plain, ps.sim_mean = means[mi], ps.sim_seed = 1;
+            fm_round_trace trace[512]; /* rounds <= new tokens (256) */
+            int n_trace = 0;
+            ps.trace = trace, ps.trace_cap = 512, ps.n_trace = &n_trace;
             int32_t *ids = NULL;
             int n = 0;
             G->reset(G->ctx);
@@ -109,6 +112,11 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
                                        : "16",
                    st.n_generated / st.decode_s, st.n_generated / st.decode_s / plain_tps, st.rounds,
                    st.rounds ? (double)st.accepted / st.rounds : 0.0, same ? "==" : "!=");
+            if (verifies[vi] == 0) { /* which widths the adaptive rule chose, in round order */
+                printf("RESULT [%s]   adaptive widths at %.1f:", tag, means[mi]);
+                for (int r = 0; r < n_trace; r++) printf(" %d", trace[r].verified);
+                printf("\n");
+            }
             free(ids);
         }
     {

@@ -118,7 +118,9 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
     out_buf o = {.limit = p->max_new_tokens > 0 ? p->max_new_tokens : n_ctx};
     uint64_t rng = p->sim_seed ^ 0x5eedull;
     int32_t drafts[FM_MAX_BLOCK + 1], block_ids[FM_MAX_BLOCK + 1];
-    int plain_left = 0, n_trace = 0, rc = -1, plain_since_round = 0;
+    /* The prefill's feature rows, like a plain stretch's, reach the drafter in the first draft: that round's
+     * draft time is not a draft's. */
+    int plain_left = 0, n_trace = 0, rc = -1, plain_since_round = 1;
     st->simulated = p->sim_future != NULL;
 
     const double t_start = now_s();

@@ -105,9 +105,11 @@ double fm_width_cost_ms(const fm_width_model *m, int T) {
 
 double fm_width_draft_ms(const fm_width_model *m, int K) {
     if (isnan(m->draft_ms)) return NAN;
-    /* Weighted least squares over the decayed sums; no spread in K (one width so far) gives no slope. */
+    /* Weighted least squares over the decayed sums. The slope needs widths that still differ in the window
+     * (weighted variance of K >= 1/2): a lone old round at another width (a slow first draft) would
+     * otherwise keep tilting the line long after it stopped meaning anything. */
     const double spread = m->s1 * m->skk - m->sk * m->sk;
-    double slope = spread > 1e-9 * m->s1 * m->s1 ? (m->s1 * m->sky - m->sk * m->sy) / spread : 0;
+    double slope = spread >= 0.5 * m->s1 * m->s1 ? (m->s1 * m->sky - m->sk * m->sy) / spread : 0;
     if (slope < 0) slope = 0;
     const double ms = m->draft_ms + slope * (K - m->draft_k);
     return ms > 0 ? ms : 0;
