@@ -98,6 +98,31 @@ static void check_short_draft(fm_decode_backend *G, fm_cuda_backend *gb, int32_t
     free(hs);
 }
 
+/* Drafts with the CPU drafter d and the GPU backend g from the same context features (the CPU target's, of
+ * the NP prompt rows) and anchor prompt[NP]: the CPU's ids into dc, the GPU's into dg and its head outputs
+ * [block][dim] into gh, so that the two differ only by the drafters' own arithmetic. 0, or non-zero (err). */
+static int draft_same_features(qwen3_model *m, fm_pool *pool, qwen3_state *cs, int fw, const int32_t *prompt,
+                               int NP, fm_drafter *d, fm_cuda_backend *g, const fm_decode_backend *G,
+                               int32_t *dc, int32_t *dg, float *gh, char *err, size_t errlen) {
+    const int K = fm_drafter_block(d);
+    float *F = malloc(sizeof(float) * NP * fw);
+    int rc = !F;
+    qwen3_state_rewind(cs, 0);
+    for (int c = 0; !rc && c < NP; c += NP / 2) {
+        rc |= qwen3_forward(m, cs, pool, prompt + c, NP / 2, QWEN3_OUT_NONE, err, errlen);
+        memcpy(F + (size_t)c * fw, qwen3_state_features(cs), sizeof(float) * (NP / 2) * fw);
+    }
+    fm_drafter_reset(d);
+    if (!rc) rc = fm_drafter_extend_context(d, pool, F, NP, 0, err, errlen);
+    if (!rc) rc = fm_drafter_draft(d, pool, prompt[NP], NP, K, dc, err, errlen);
+    G->reset(G->ctx);
+    if (!rc) rc = fm_cuda_debug_drafter_context(g, F, NP, 0);
+    if (!rc) rc = G->draft(G->ctx, prompt[NP], NP, K, dg, err, errlen);
+    if (!rc) rc = fm_cuda_debug_draft_head(g, gh);
+    free(F);
+    return rc;
+}
+
 /* The drafter's Q8_0 copy (fm_drafter_quantize_q8_0: what the CPU drafts on) on the GPU. Both drafters get
  * the same context features (the CPU target's) and anchor; then speculative decoding with it on the GPU must
  * give the plain ids ig. The tolerance is the target's LOGIT_TOL, for the same reason: both sides quantise
@@ -120,21 +145,9 @@ static void q8_drafter_checks(qwen3_model *m, fm_pool *pool, qwen3_state *cs, co
           fm_dtype_name(fm_drafter_matrix_type(dq)));
     fm_decode_backend G = fm_cuda_backend_ops(gq);
     const int H = m->hp.dim, K = fm_drafter_block(dq), fw = ncap * m->hp.dim;
-    float *F = malloc(sizeof(float) * NP * fw), *gh = malloc(sizeof(float) * K * H);
+    float *gh = malloc(sizeof(float) * K * H);
     int32_t dc[16], dg[16];
-    int rc = 0;
-    qwen3_state_rewind(cs, 0);
-    for (int c = 0; c < NP; c += NP / 2) {
-        rc |= qwen3_forward(m, cs, pool, prompt + c, NP / 2, QWEN3_OUT_NONE, err, sizeof err);
-        memcpy(F + (size_t)c * fw, qwen3_state_features(cs), sizeof(float) * (NP / 2) * fw);
-    }
-    fm_drafter_reset(dq);
-    rc |= fm_drafter_extend_context(dq, pool, F, NP, 0, err, sizeof err);
-    rc |= fm_drafter_draft(dq, pool, prompt[NP], NP, K, dc, err, sizeof err);
-    G.reset(G.ctx);
-    rc |= fm_cuda_debug_drafter_context(gq, F, NP, 0);
-    rc |= G.draft(G.ctx, prompt[NP], NP, K, dg, err, sizeof err);
-    rc |= fm_cuda_debug_draft_head(gq, gh);
+    int rc = draft_same_features(m, pool, cs, fw, prompt, NP, dq, gq, &G, dc, dg, gh, err, sizeof err);
     const double eh = hx_rel_err(gh, fm_drafter_last_head(dq), (size_t)K * H);
     double hmax = 0;
     for (int i = 0; i < K * H; i++) hmax = fmax(hmax, fabs(fm_drafter_last_head(dq)[i]));
@@ -161,7 +174,7 @@ static void q8_drafter_checks(qwen3_model *m, fm_pool *pool, qwen3_state *cs, co
     char what[64];
     snprintf(what, sizeof what, "tied=%d Q8_0 drafter", tied);
     check_short_draft(&G, gq, prompt[NP], NP, H, dg, gh, what);
-    free(F), free(gh), free(gh2);
+    free(gh), free(gh2);
     const int verify_modes[] = {0, 7, 16};
     for (int vi = 0; vi < 3; vi++)
         for (int sim = 0; sim < 2; sim++) {
@@ -366,21 +379,9 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
      * rows) and the same anchor, so the head outputs differ only by the drafters' own arithmetic. */
     {
         const int H = m->hp.dim, K = fm_drafter_block(d);
-        float *F = malloc(sizeof(float) * NP * fw), *gh = malloc(sizeof(float) * K * H);
+        float *gh = malloc(sizeof(float) * K * H);
         int32_t dc[16], dg[16];
-        int rc = 0;
-        qwen3_state_rewind(cs, 0);
-        for (int c = 0; c < NP; c += NP / 2) {
-            rc |= qwen3_forward(m, cs, pool, prompt + c, NP / 2, QWEN3_OUT_NONE, err, sizeof err);
-            memcpy(F + (size_t)c * fw, qwen3_state_features(cs), sizeof(float) * (NP / 2) * fw);
-        }
-        fm_drafter_reset(d);
-        rc |= fm_drafter_extend_context(d, pool, F, NP, 0, err, sizeof err);
-        rc |= fm_drafter_draft(d, pool, prompt[NP], NP, K, dc, err, sizeof err);
-        G.reset(G.ctx);
-        rc |= fm_cuda_debug_drafter_context(gb, F, NP, 0);
-        rc |= G.draft(G.ctx, prompt[NP], NP, K, dg, err, sizeof err);
-        rc |= fm_cuda_debug_draft_head(gb, gh);
+        int rc = draft_same_features(m, pool, cs, fw, prompt, NP, d, gb, &G, dc, dg, gh, err, sizeof err);
         const double eh = hx_rel_err(gh, fm_drafter_last_head(d), (size_t)K * H);
         int same = 0;
         for (int k = 0; k < K; k++) same += dc[k] == dg[k];
@@ -393,7 +394,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
         char what[64];
         snprintf(what, sizeof what, "tied=%d BF16 drafter", tied);
         check_short_draft(&G, gb, prompt[NP], NP, H, dg, gh, what);
-        free(F), free(gh);
+        free(gh);
         C.reset(C.ctx), G.reset(G.ctx);
     }
 
