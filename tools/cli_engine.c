@@ -1,5 +1,6 @@
 #include "cli_engine.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -90,4 +91,25 @@ void cli_engine_params(const cli_engine_opts *o, fm_engine_params *ep) {
     ep->device = (fm_device)o->device;
     ep->drafter_weights = (fm_draft_weights)o->draft_weights;
     ep->keep_mmap = o->keep_mmap;
+}
+
+double cli_prefill_tok_s(const fm_generate_stats *st) {
+    return st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0;
+}
+
+double cli_decode_tok_s(const fm_generate_stats *st) {
+    return st->decode_s > 0 && st->n_generated > 1 ? (st->n_generated - 1) / st->decode_s : 0;
+}
+
+void cli_json_add_decode_stats(cJSON *obj, const fm_generate_stats *st) {
+    cJSON_AddNumberToObject(obj, "prefill_s", st->prefill_s);
+    cJSON_AddNumberToObject(obj, "decode_s", st->decode_s);
+    cJSON_AddNumberToObject(obj, "prefill_tok_s", cli_prefill_tok_s(st));
+    cJSON_AddNumberToObject(obj, "decode_tok_s", cli_decode_tok_s(st));
+    cJSON_AddNumberToObject(obj, "rounds", st->rounds);
+    cJSON_AddNumberToObject(obj, "accepted", st->accepted);
+    cJSON_AddNumberToObject(obj, "mean_accepted", st->rounds ? (double)st->accepted / st->rounds : 0);
+    cJSON_AddNumberToObject(obj, "plain_steps", st->plain_steps);
+    cJSON_AddNumberToObject(obj, "draft_s", st->draft_s);
+    cJSON_AddNumberToObject(obj, "verify_s", st->verify_s);
 }

@@ -2,7 +2,7 @@
  * bench): the model and drafter, threads, context size, device, the drafter's weights, --mmap, and the
  * decoding switches --no-spec / --verify / --no-fallback. One parser, one resolution of the cached default
  * models, one translation into fm_engine_params, so the commands cannot drift apart. Help texts stay with
- * the commands (their defaults and wording differ). */
+ * the commands (their defaults and wording differ). Also what they report of a generation's speed. */
 #ifndef FM_TOOLS_CLI_ENGINE_H
 #define FM_TOOLS_CLI_ENGINE_H
 
@@ -31,5 +31,15 @@ int cli_engine_opt(const char *cmd, int argc, char **argv, int *i, unsigned flag
 int cli_engine_resolve_defaults(const char *cmd, cli_engine_opts *o);
 /* The engine parameters for these options (the drafter only when speculative decoding is on). */
 void cli_engine_params(const cli_engine_opts *o, fm_engine_params *ep);
+
+/* Prompt tokens per second of prefill, and new tokens per second of decoding (the first new token comes from
+ * the prefill, so it is not counted); 0 when nothing was timed. */
+double cli_prefill_tok_s(const fm_generate_stats *st);
+double cli_decode_tok_s(const fm_generate_stats *st);
+/* The timing and speculation fields of a generation, under the names `generate --json` and the server's
+ * "flashmap" object share: prefill_s, decode_s, prefill_tok_s, decode_tok_s, rounds, accepted,
+ * mean_accepted, plain_steps, draft_s, verify_s. */
+struct cJSON;
+void cli_json_add_decode_stats(struct cJSON *obj, const fm_generate_stats *st);
 
 #endif

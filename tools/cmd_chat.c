@@ -124,8 +124,8 @@ int cmd_chat(int argc, char **argv) {
         if (bad) goto fail;
         fm_engine_info info;
         fm_engine_get_info(e, &info);
-        fprintf(stderr, "[%d new tok, %.2f tok/s, context %d/%d]\n", st.n_generated,
-                st.decode_s > 0 ? (st.n_generated - 1) / st.decode_s : 0.0, fm_session_pos(s), info.n_ctx);
+        fprintf(stderr, "[%d new tok, %.2f tok/s, context %d/%d]\n", st.n_generated, cli_decode_tok_s(&st),
+                fm_session_pos(s), info.n_ctx);
     }
     goto done;
 fail:

@@ -201,10 +201,8 @@ static const char *stop_name(fm_stop_reason r) {
 }
 
 static void print_stats(const fm_generate_stats *st, int spec) {
-    const double decode_tok = st->n_generated > 1 ? st->n_generated - 1 : 0;
     fprintf(stderr, "prompt %d tok | prefill %.1f tok/s | decode %.2f tok/s | %d new tok", st->n_prompt,
-            st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0,
-            st->decode_s > 0 ? decode_tok / st->decode_s : 0, st->n_generated);
+            cli_prefill_tok_s(st), cli_decode_tok_s(st), st->n_generated);
     if (spec)
         fprintf(stderr, " | rounds %d, mean accepted %.2f, plain steps %d | draft %.0f%% verify %.0f%%%s",
                 st->rounds, st->rounds ? (double)st->accepted / st->rounds : 0, st->plain_steps,
@@ -234,19 +232,8 @@ static void print_json(fm_engine *e, const int32_t *prompt, int n_prompt, const 
     cJSON *s = cJSON_AddObjectToObject(root, "stats");
     cJSON_AddNumberToObject(s, "prompt_tokens", st->n_prompt);
     cJSON_AddNumberToObject(s, "new_tokens", st->n_generated);
-    cJSON_AddNumberToObject(s, "prefill_s", st->prefill_s);
-    cJSON_AddNumberToObject(s, "decode_s", st->decode_s);
-    cJSON_AddNumberToObject(s, "prefill_tok_s", st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0);
-    cJSON_AddNumberToObject(s, "decode_tok_s",
-                            st->decode_s > 0 && st->n_generated > 1 ? (st->n_generated - 1) / st->decode_s
-                                                                    : 0);
     cJSON_AddBoolToObject(s, "speculative", spec);
-    cJSON_AddNumberToObject(s, "rounds", st->rounds);
-    cJSON_AddNumberToObject(s, "accepted", st->accepted);
-    cJSON_AddNumberToObject(s, "mean_accepted", st->rounds ? (double)st->accepted / st->rounds : 0);
-    cJSON_AddNumberToObject(s, "plain_steps", st->plain_steps);
-    cJSON_AddNumberToObject(s, "draft_s", st->draft_s);
-    cJSON_AddNumberToObject(s, "verify_s", st->verify_s);
+    cli_json_add_decode_stats(s, st);
     cJSON_AddBoolToObject(s, "simulated", st->simulated);
     cJSON_AddStringToObject(s, "stop", stop_name(st->stop));
     if (tr) {

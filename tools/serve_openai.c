@@ -3,6 +3,7 @@
 #include "serve_openai.h"
 
 #include "cli_common.h"
+#include "cli_engine.h"
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -65,22 +66,10 @@ static void add_usage(cJSON *root, const serve_reply_end *end) {
 
 /* flashmap's extension: how the request was decoded (the same names as `generate --json` stats). */
 static void add_flashmap(cJSON *root, const serve_reply_end *end) {
-    const fm_generate_stats *st = &end->st;
     cJSON *f = cJSON_AddObjectToObject(root, "flashmap");
     cJSON_AddBoolToObject(f, "speculative", end->speculative);
-    cJSON_AddNumberToObject(f, "rounds", st->rounds);
-    cJSON_AddNumberToObject(f, "accepted", st->accepted);
-    cJSON_AddNumberToObject(f, "mean_accepted", st->rounds ? (double)st->accepted / st->rounds : 0);
-    cJSON_AddNumberToObject(f, "plain_steps", st->plain_steps);
+    cli_json_add_decode_stats(f, &end->st);
     cJSON_AddNumberToObject(f, "queue_s", end->queue_s);
-    cJSON_AddNumberToObject(f, "prefill_s", st->prefill_s);
-    cJSON_AddNumberToObject(f, "decode_s", st->decode_s);
-    cJSON_AddNumberToObject(f, "prefill_tok_s", st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0);
-    cJSON_AddNumberToObject(f, "decode_tok_s",
-                            st->decode_s > 0 && st->n_generated > 1 ? (st->n_generated - 1) / st->decode_s
-                                                                    : 0);
-    cJSON_AddNumberToObject(f, "draft_s", st->draft_s);
-    cJSON_AddNumberToObject(f, "verify_s", st->verify_s);
     cJSON_AddStringToObject(f, "stop", end->stop);
 }
 

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli_engine.h"
 #include "serve_stop.h"
 
 struct serve_job {
@@ -299,11 +300,10 @@ static void log_job(const serve_job *j, const serve_reply_end *end) {
     const fm_generate_stats *st = &end->st;
     fprintf(stderr,
             "flashmap serve: %s: prompt %d tok (%d cached), %d new tok (%s) | decode %.1f tok/s | rounds %d, "
-            "mean "
-            "accepted %.2f, plain steps %d | queued %.2f s\n",
+            "mean accepted %.2f, plain steps %d | queued %.2f s\n",
             j->head.id, end->prompt_tokens, end->cached_tokens, st->n_generated, end->stop,
-            st->decode_s > 0 && st->n_generated > 1 ? (st->n_generated - 1) / st->decode_s : 0, st->rounds,
-            st->rounds ? (double)st->accepted / st->rounds : 0, st->plain_steps, end->queue_s);
+            cli_decode_tok_s(st), st->rounds, st->rounds ? (double)st->accepted / st->rounds : 0,
+            st->plain_steps, end->queue_s);
 }
 
 /* Tokenizes the prompt and checks it fits; fills err (400) otherwise. */
