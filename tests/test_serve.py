@@ -31,6 +31,11 @@ import traceback
 CLI = os.environ.get("FM_CLI") or os.path.join(os.environ.get("FM_BINARY_DIR", "build"), "flashmap")
 TMP = tempfile.TemporaryDirectory(prefix="fm-serve-")
 TARGET = os.path.join(TMP.name, "t.gguf")
+# Requests that must still be running when a client leaves or a signal comes: as many new tokens as a server
+# with LONG_CTX positions takes, so that no machine finishes them in the second or so the tests wait (the tiny
+# model decodes ~2,000 tokens/s here).
+LONG_CTX = 32768
+LONG_TOKENS = LONG_CTX - 100
 DRAFTER = os.path.join(TMP.name, "d")
 STOP_TEXTS = ("<|im_end|>", "<|endoftext|>")  # the tiny model's stop tokens, as generate prints them
 STARTED = []  # every server process, killed at exit
@@ -513,8 +518,9 @@ def wait_log(s, since, words, timeout=20):
 
 
 def test_clients_that_leave(s):
-    """A client that leaves cancels its job: running (stream or not) or queued. 1900 new tokens take seconds."""
-    long_chat = {"messages": [{"role": "user", "content": "Tell me everything"}], "max_tokens": 1900}
+    """A client that leaves cancels its job: running (stream or not) or queued. LONG_TOKENS take seconds."""
+    s = Server(["--ctx", str(LONG_CTX)])
+    long_chat = {"messages": [{"role": "user", "content": "Tell me everything"}], "max_tokens": LONG_TOKENS}
     # a stream, after its first event
     n_before = len(s.lines)
     c = s.conn()
@@ -524,7 +530,7 @@ def test_clients_that_leave(s):
     check(r.readline().startswith(b"data: "), "a first event")
     # meanwhile a second request queues behind it, and leaves too
     q = s.conn(timeout=0.5)
-    q.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": 1900}))
+    q.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": LONG_TOKENS}))
     try:
         q.getresponse()
         raise AssertionError("the queued request was answered while the stream ran")
@@ -537,7 +543,7 @@ def test_clients_that_leave(s):
     c.close()
     line = wait_log(s, n_before, "cancelled after")
     m = re.search(r"cancelled after (\d+) new tokens \(the client went away\)", line)
-    check(m and int(m.group(1)) < 1900, "the stream was cut short: %s" % line)
+    check(m and int(m.group(1)) < LONG_TOKENS, "the stream was cut short: %s" % line)
     wait_log(s, n_before, "dropped: the client went away while it was queued")
     # a request that is not streamed, while it runs
     n_before = len(s.lines)
@@ -545,7 +551,7 @@ def test_clients_that_leave(s):
     c.request("POST", "/v1/chat/completions", body=json.dumps(long_chat))
     try:
         c.getresponse()
-        raise AssertionError("1900 tokens came back in 0.5 s: make the request longer")
+        raise AssertionError("%d tokens came back in 0.5 s: make the request longer" % LONG_TOKENS)
     except socket.timeout:
         pass
     c.sock.shutdown(socket.SHUT_RDWR)
@@ -555,6 +561,7 @@ def test_clients_that_leave(s):
     t0 = time.time()
     status, _ = s.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     check(status == 200 and time.time() - t0 < 10, "the next request is served at once")
+    check(s.stop() == 0, "the long-context server's exit: %s" % s.log())
 
 
 def test_port_in_use(s):
@@ -575,14 +582,14 @@ def test_usage_errors(s):
 
 def test_signals_stop_cleanly(_):
     for sig in (signal.SIGTERM, signal.SIGINT):
-        s = Server()
+        s = Server(["--ctx", str(LONG_CTX)])
         results = {}
 
         def long_stream():
             try:
                 c = s.conn()
                 c.request("POST", "/v1/completions", body=json.dumps(
-                    {"prompt": "Once upon a time", "max_tokens": 1900, "stream": True}))
+                    {"prompt": "Once upon a time", "max_tokens": LONG_TOKENS, "stream": True}))
                 r = c.getresponse()
                 results["stream_status"] = r.status
                 results["stream_first"] = r.readline()
@@ -626,8 +633,8 @@ TESTS = [test_health_and_models, test_completions_equal_generate, test_chat_equa
 
 
 def synth():
-    subprocess.run([CLI, "synth", "target", "--preset", "tiny", "--layers", "4", "-q", "-o", TARGET], check=True,
-                   capture_output=True)
+    subprocess.run([CLI, "synth", "target", "--preset", "tiny", "--layers", "4", "--ctx", str(LONG_CTX), "-q",
+                    "-o", TARGET], check=True, capture_output=True)
     os.makedirs(DRAFTER)
     subprocess.run([CLI, "synth", "drafter", "-m", TARGET, "-o", os.path.join(DRAFTER, "model.safetensors"),
                     "--dim", "64", "--layers", "2", "--heads", "4", "--ffn", "128", "--target-layers", "1,2"],
