@@ -84,6 +84,28 @@ static int run(const fm_decode_backend *b, const int32_t *prompt, int n, fm_gene
     return 0;
 }
 
+/* Speculative decoding on G, for each verify mode (0: adaptive, with fallback), with the real drafter and
+ * with simulated acceptance 6.5, must give the plain ids ig[ng]. */
+static void check_spec_equals_plain(const fm_decode_backend *G, const int32_t *prompt, int NP,
+                                    const int32_t *ig, int ng, const int *verify_modes, int n_modes,
+                                    const char *what) {
+    for (int vi = 0; vi < n_modes; vi++)
+        for (int sim = 0; sim < 2; sim++) {
+            fm_generate_params ps;
+            fm_generate_stats st;
+            hx_params(&ps, 96);
+            ps.speculative = 1, ps.verify = verify_modes[vi], ps.fallback = verify_modes[vi] == 0;
+            if (sim) ps.sim_future = ig, ps.sim_future_len = ng, ps.sim_mean = 6.5, ps.sim_seed = 5;
+            int32_t *is = NULL;
+            int ns = 0;
+            run(G, prompt, NP, &ps, &is, &ns, &st);
+            CHECK(ns == ng && !memcmp(is, ig, sizeof(int32_t) * ng),
+                  "%s: speculative (verify %d%s) == plain on the GPU: %d rounds, %d accepted", what,
+                  verify_modes[vi], sim ? ", simulated 6.5" : "", st.rounds, st.accepted);
+            free(is);
+        }
+}
+
 /* A draft of n_out <= 8 runs the head, lm_head and argmax for 8 slots only (a graph of its own): its ids and
  * head rows must equal the first ones of the whole-block draft (ids dg, head gh) bit for bit. */
 static void check_short_draft(fm_decode_backend *G, fm_cuda_backend *gb, int32_t anchor, int pos, int H,
@@ -176,22 +198,7 @@ static void q8_drafter_checks(qwen3_model *m, fm_pool *pool, qwen3_state *cs, co
     check_short_draft(&G, gq, prompt[NP], NP, H, dg, gh, what);
     free(gh), free(gh2);
     const int verify_modes[] = {0, 7, 16};
-    for (int vi = 0; vi < 3; vi++)
-        for (int sim = 0; sim < 2; sim++) {
-            fm_generate_params ps;
-            fm_generate_stats st;
-            hx_params(&ps, 96);
-            ps.speculative = 1, ps.verify = verify_modes[vi], ps.fallback = vi == 0;
-            if (sim) ps.sim_future = ig, ps.sim_future_len = ng, ps.sim_mean = 6.5, ps.sim_seed = 5;
-            int32_t *is = NULL;
-            int ns = 0;
-            run(&G, prompt, NP, &ps, &is, &ns, &st);
-            CHECK(
-                ns == ng && !memcmp(is, ig, sizeof(int32_t) * ng),
-                "tied=%d Q8_0 drafter: speculative (verify %d%s) == plain on the GPU: %d rounds, %d accepted",
-                tied, verify_modes[vi], sim ? ", simulated 6.5" : "", st.rounds, st.accepted);
-            free(is);
-        }
+    check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 3, what);
     fm_cuda_backend_free(gq);
     fm_drafter_free(dq);
 }
@@ -443,21 +450,9 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
         free(seq);
     }
     const int verify_modes[] = {0, 1, 7, 15, 16};
-    for (int vi = 0; vi < 5; vi++)
-        for (int sim = 0; sim < 2; sim++) {
-            fm_generate_params ps;
-            hx_params(&ps, 96);
-            ps.speculative = 1, ps.verify = verify_modes[vi], ps.fallback = vi == 0;
-            if (sim) ps.sim_future = ig, ps.sim_future_len = ng, ps.sim_mean = 6.5, ps.sim_seed = 5;
-            int32_t *is = NULL;
-            int ns = 0;
-            run(&G, prompt, NP, &ps, &is, &ns, &st);
-            CHECK(ns == ng && !memcmp(is, ig, sizeof(int32_t) * ng),
-                  "tied=%d speculative (verify %d%s) == plain on the GPU: %d rounds, %d accepted", tied,
-                  verify_modes[vi], sim ? ", simulated 6.5" : "", st.rounds, st.accepted);
-            /* The CPU loop with the real drafter gives the same rounds (same drafts within tolerance). */
-            free(is);
-        }
+    char label[32];
+    snprintf(label, sizeof label, "tied=%d", tied);
+    check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 5, label);
     q8_drafter_checks(m, pool, cs, dpath, n_ctx, cap, ncap, prompt, NP, tied, ig, ng);
     free(ic);
     free(ig);
