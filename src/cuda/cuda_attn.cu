@@ -1,15 +1,15 @@
 /* cuda_attn.cu: the target's attention on the GPU: q/k RMSNorm + NEOX RoPE + the KV-cache write, then
  * split-K attention ("flash decoding") and the merge of the splits with the Q8_0 quantisation of the output.
  *
- * Splits have fixed boundaries (multiples of FMC_ATT_SPLIT keys), and each (row, head, split) is computed by
- * one warp with the same code whatever T is and whichever warp it lands on: lanes own keys for the scores,
- * dims for the weighted sum. A block loads one split of one KV head into shared memory once and serves all
- * query heads of the group and up to ATT_ROWS rows of a verify block, so a verify block reads the cache
- * about once instead of once per row and head. */
+ * Splits have fixed boundaries (multiples of FMC_ATT_SPLIT keys), and each (row, head, split) is computed
+ * with the same operations whatever T is and wherever it lands: a block loads one split of one KV head into
+ * shared memory once and serves all query heads of the group for up to 128 / G rows (a whole verify block),
+ * one 16-query tile per warp on the f16 tensor cores, so a verify block reads the cache once instead of once
+ * per group of rows and costs about what a single step's attention does. */
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_kernels.cuh"
 
-enum { ATT_ROWS = 4, ATT_WARPS = 8 };
+enum { ATT_WARPS = 8, ATT_QROWS = 16 * ATT_WARPS /* queries of a block: one 16-row tile a warp */ };
 
 static __device__ double block_sum_d(double v) {
     __shared__ double sh[32];
@@ -68,48 +68,102 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
                q_norm, k_norm, eps, rope, pos, q_out, k_cache, v_cache);
 }
 
+/* Shared memory of a split block: K [64][hd/2 + 4] half2 words, V [64][hd + 8] halves, the block's query
+ * rows as two f16 parts [2][ATT_QROWS][hd + 8] (the pads spread a fragment's rows over all banks). */
 static size_t attn_smem(int hd) {
-    return (size_t)FMC_ATT_SPLIT * (hd / 2 + 1) * 4 + (size_t)FMC_ATT_SPLIT * hd * 2 +
-           (size_t)ATT_WARPS * hd * 4 + (size_t)ATT_WARPS * FMC_ATT_SPLIT * 4;
+    return (size_t)FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + (size_t)FMC_ATT_SPLIT * (hd + 8) * 2 +
+           (size_t)2 * ATT_QROWS * (hd + 8) * 2;
 }
 
-/* grid (min(max_splits, ATT_SPLIT_BLOCKS), n_kv, ceil(T / ATT_ROWS)), ATT_WARPS warps; block x takes splits
- * x, x + gridDim.x, ... (so that a graph sized for the whole context launches few idle blocks). Split s: keys
- * [j0, j0 + 64), j0 = 64 s, of KV head g, for rows t in [tb, tb + ATT_ROWS) whose length passes j0; the
- * length of row t is pos + t + 1 (causal) or pos + 1 (every row, no mask). Smem: K as half2 words [64][hd/2 +
- * 1] (the pad puts lane j's row j in bank j), V [64][hd], per-warp q [hd] and probabilities [64]. */
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&h;
+}
+
+/* x = hi + lo with hi = f16(x), lo = f16(x - hi): two f16 operands that carry about 22 bits of x, so the
+ * tensor-core products keep nearly f32 accuracy (the keys and values are f16 already). */
+__device__ __forceinline__ void split_half2(float x0, float x1, uint32_t *hi, uint32_t *lo) {
+    const __half2 h = __floats2half2_rn(x0, x1);
+    const float2 hf = __half22float2(h);
+    *hi = *(const uint32_t *)&h;
+    *lo = pack_half2(x0 - hf.x, x1 - hf.y);
+}
+
+/* grid (min(max_splits, ATT_SPLIT_BLOCKS), n_kv, ceil(T / rows)), ATT_WARPS warps, rows = ATT_QROWS / G
+ * query rows of T (G = n_heads / n_kv query heads each). Block x takes splits x, x + gridDim.x, ... (a graph
+ * sized for the whole context launches few idle blocks). Split s: keys [j0, j0 + 64), j0 = 64 s, of KV head
+ * g, loaded into shared memory once for all the block's (row, head) queries; query i = (t - tb) G + head
+ * sits in row i % 16 of warp i / 16's tile. The length of row t is pos + t + 1 (causal) or pos + 1.
+ *
+ * On the f16 tensor cores (mma m16n8k16, f32 accumulation): scores S = Q K^T for 16 queries x 64 keys, the
+ * softmax in registers (a query's 64 scores sit in one lane quad: max and sum in a fixed order), then O = P V
+ * with P's registers as the A operand. q and P enter as two f16 parts each (split_half2), so the result stays
+ * within f32 rounding of the exact attention over the f16 cache. A query's result depends only on its own
+ * row of Q, the keys and its length, never on which tile or lane it landed in: the same bits whatever T is.
+ */
+template <int HD>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-    k_attn_split(const float *q, int T, int n_heads, int n_kv, int hd, const __half *kc, const __half *vc,
+    k_attn_split(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
                  const int *pos, int causal, int max_splits, float *part) {
+    constexpr int KP = HD / 2 + 4, VP = HD + 8, QP = HD + 8, C8N = HD / 8;
     extern __shared__ __align__(16) unsigned char smem[];
+    uint32_t *Ks = (uint32_t *)smem;
+    __half *Vs = (__half *)(Ks + FMC_ATT_SPLIT * KP);
+    __half *Qs = Vs + FMC_ATT_SPLIT * VP; /* [2][ATT_QROWS][QP]: high, low parts */
     pdl_trigger();
     /* *pos comes from the host before the graph; cache rows below it were written by earlier forwards, so
      * the first split's rows below it load before the predecessor (which writes rows pos ..) is done. */
-    const int g = blockIdx.y, tb = blockIdx.z * ATT_ROWS, p0 = *pos, te = min(T, tb + ATT_ROWS);
-    const int kv_dim = n_kv * hd, hd2 = hd / 2, G = n_heads / n_kv, c8n = hd / 8;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = blockIdx.y, G = n_heads / n_kv, rows = ATT_QROWS / G, tb = blockIdx.z * rows;
+    const int p0 = *pos, te = min(T, tb + rows), nq = (te - tb) * G, kv_dim = n_kv * HD;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, c = lane & 3;
     const int maxlen = causal ? p0 + te : p0 + 1; /* the longest row of the block */
-    uint32_t *Ks = (uint32_t *)smem;
-    __half *Vs = (__half *)(Ks + FMC_ATT_SPLIT * (hd2 + 1));
-    float *qs = (float *)(Vs + FMC_ATT_SPLIT * hd);
-    float *pw = qs + ATT_WARPS * hd;
-    float *qw = qs + warp * hd, *pr = pw + warp * FMC_ATT_SPLIT;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = 1.0f / sqrtf((float)HD);
+    /* this lane's two query rows (tile rows gr and gr + 8): their row t, head h and length */
+    int qt[2], qh[2], qlen[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int i = warp * 16 + gr + 8 * u;
+        qt[u] = tb + i / G, qh[u] = g * G + i % G;
+        qlen[u] = i >= nq ? 0 : causal ? p0 + qt[u] + 1 : p0 + 1;
+    }
+    const bool busy = warp * 16 < nq;
     bool waited = false;
     for (int s = blockIdx.x; s < max_splits; s += gridDim.x) {
         const int j0 = s * FMC_ATT_SPLIT;
         if (tb >= T || maxlen <= j0) break;
         const int nload = min(FMC_ATT_SPLIT, maxlen - j0);
-        /* All of a thread's 16-byte loads in flight at once (at most 8 each for K and V: 64 keys x 256 dims).
-         */
+        /* All of a thread's 16-byte loads in flight at once (at most 8 each for K and V: 64 keys x 256 dims);
+         * V rows past nload are zeroed (P is 0 there, and 0 * garbage could be NaN). */
         int4 kr[8], vr[8];
         for (int pass = 0; pass < 2; pass++) {
-            if (pass == 1 && !waited) pdl_wait(), waited = true;
+            if (pass == 1 && !waited) {
+                pdl_wait(), waited = true;
+                for (int idx = threadIdx.x; idx < ATT_QROWS * C8N; idx += ATT_WARPS * 32) {
+                    const int i = idx / C8N, c8 = idx - i * C8N;
+                    uint4 h = make_uint4(0, 0, 0, 0), l = h;
+                    if (i < nq) {
+                        const float *src = q + ((size_t)(tb + i / G) * n_heads + g * G + i % G) * HD + c8 * 8;
+                        const float4 x0 = ld_cg4(src), x1 = ld_cg4(src + 4);
+                        split_half2(x0.x, x0.y, &h.x, &l.x), split_half2(x0.z, x0.w, &h.y, &l.y);
+                        split_half2(x1.x, x1.y, &h.z, &l.z), split_half2(x1.z, x1.w, &h.w, &l.w);
+                    }
+                    *(uint4 *)(Qs + i * QP + c8 * 8) = h;
+                    *(uint4 *)(Qs + (ATT_QROWS + i) * QP + c8 * 8) = l;
+                }
+            }
 #pragma unroll
             for (int u = 0; u < 8; u++) {
-                const int idx = threadIdx.x + u * ATT_WARPS * 32, j = idx / c8n, c8 = idx - j * c8n;
-                if (idx < nload * c8n && (j0 + j < p0) == (pass == 0)) {
-                    const size_t off = (size_t)(j0 + j) * kv_dim + (size_t)g * hd + c8 * 8;
+                const int idx = threadIdx.x + u * ATT_WARPS * 32, j = idx / C8N, c8 = idx - j * C8N;
+                if (idx < nload * C8N && (j0 + j < p0) == (pass == 0)) {
+                    const size_t off = (size_t)(j0 + j) * kv_dim + (size_t)g * HD + c8 * 8;
                     kr[u] = __ldcg((const int4 *)(kc + off));
                     vr[u] = __ldcg((const int4 *)(vc + off));
                 }
@@ -117,65 +171,98 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            const int idx = threadIdx.x + u * ATT_WARPS * 32;
-            if (idx < nload * c8n) {
-                const int j = idx / c8n, c8 = idx - j * c8n;
-                uint32_t *kd = Ks + j * (hd2 + 1) + c8 * 4;
-                kd[0] = (uint32_t)kr[u].x, kd[1] = (uint32_t)kr[u].y, kd[2] = (uint32_t)kr[u].z,
-                kd[3] = (uint32_t)kr[u].w;
-                *(int4 *)(Vs + j * hd + c8 * 8) = vr[u];
+            const int idx = threadIdx.x + u * ATT_WARPS * 32, j = idx / C8N, c8 = idx - j * C8N;
+            if (idx < FMC_ATT_SPLIT * C8N) {
+                const bool in = idx < nload * C8N;
+                *(int4 *)(Ks + j * KP + c8 * 4) = in ? kr[u] : make_int4(0, 0, 0, 0);
+                *(int4 *)(Vs + j * VP + c8 * 8) = in ? vr[u] : make_int4(0, 0, 0, 0);
             }
         }
         __syncthreads();
-        const int npairs = (te - tb) * G;
-        for (int pi = warp; pi < npairs; pi += ATT_WARPS) {
-            const int t = tb + pi / G, h = g * G + pi % G, len = causal ? p0 + t + 1 : p0 + 1;
-            if (len <= j0) continue;
-            const int n = min(FMC_ATT_SPLIT, len - j0);
-            for (int i = lane; i < hd; i += 32) qw[i] = ld_cg(q + (size_t)t * n_heads * hd + h * hd + i);
-            __syncwarp();
-            float sc[2];
+        if (busy) {
+            /* S = Q K^T: 8 tiles of 8 keys; B fragment of key tile n = K rows n * 8 + gr, dims 16 k + 2c.. */
+            float sc[8][4];
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int j = lane + 32 * half;
-                float d = -INFINITY;
-                if (j < n) {
-                    const uint32_t *krow = Ks + j * (hd2 + 1);
-                    d = 0.0f;
-#pragma unroll 8
-                    for (int i = 0; i < hd2; i++) {
-                        const uint32_t u = krow[i];
-                        const float2 kf = __half22float2(*(const __half2 *)&u);
-                        d = __fmaf_rn(qw[2 * i], kf.x, d);
-                        d = __fmaf_rn(qw[2 * i + 1], kf.y, d);
+            for (int n = 0; n < 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            const __half *qa = Qs + (warp * 16 + gr) * QP + 2 * c;
+#pragma unroll
+            for (int k = 0; k < HD / 16; k++)
+#pragma unroll
+                for (int part = 0; part < 2; part++) {
+                    const __half *qp = qa + part * ATT_QROWS * QP + 16 * k;
+                    const uint32_t a0 = *(const uint32_t *)qp, a1 = *(const uint32_t *)(qp + 8 * QP),
+                                   a2 = *(const uint32_t *)(qp + 8),
+                                   a3 = *(const uint32_t *)(qp + 8 * QP + 8);
+#pragma unroll
+                    for (int n = 0; n < 8; n++) {
+                        const uint32_t *kb = Ks + (n * 8 + gr) * KP + 8 * k + c;
+                        mma_f16(sc[n], a0, a1, a2, a3, kb[0], kb[4]);
                     }
-                    d *= scale;
                 }
-                sc[half] = d;
+            /* softmax of each of the lane's two rows over its quad: max, exp, sum in a fixed order */
+            float m[2], l[2];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int nk = qlen[u] - j0; /* keys of this split the row sees */
+                float mx = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float v = n * 8 + 2 * c + e < nk ? sc[n][2 * u + e] * scale : -INFINITY;
+                        sc[n][2 * u + e] = v;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float v = sc[n][2 * u + e];
+                        const float p = v == -INFINITY ? 0.0f : expf(v - mx);
+                        sc[n][2 * u + e] = p;
+                        sum += p;
+                    }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                m[u] = mx, l[u] = sum;
             }
-            const float m = warp_max(fmaxf(sc[0], sc[1]));
-            const float e0 = lane < n ? expf(sc[0] - m) : 0.0f, e1 = lane + 32 < n ? expf(sc[1] - m) : 0.0f;
-            const float l = warp_sum(e0 + e1);
-            pr[lane] = e0;
-            pr[lane + 32] = e1;
-            __syncwarp();
-            float o[8];
+            /* O = P V: P's score tiles 2k, 2k + 1 are the A fragment of key step k; V by ldmatrix.trans */
+            float o[HD / 8][4];
 #pragma unroll
-            for (int k = 0; k < 8; k++) o[k] = 0.0f;
-#pragma unroll 4
-            for (int j = 0; j < n; j++) {
-                const float pj = pr[j];
-                const __half *vrow = Vs + j * hd + lane;
+            for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 #pragma unroll
-                for (int k = 0; k < 8; k++)
-                    if (lane + 32 * k < hd) o[k] = __fmaf_rn(pj, __half2float(vrow[32 * k]), o[k]);
+            for (int k = 0; k < 4; k++) {
+                uint32_t ah[4], al[4];
+                split_half2(sc[2 * k][0], sc[2 * k][1], &ah[0], &al[0]);
+                split_half2(sc[2 * k][2], sc[2 * k][3], &ah[1], &al[1]);
+                split_half2(sc[2 * k + 1][0], sc[2 * k + 1][1], &ah[2], &al[2]);
+                split_half2(sc[2 * k + 1][2], sc[2 * k + 1][3], &ah[3], &al[3]);
+                const __half *vrow =
+                    Vs + (16 * k + ((lane >> 3) & 1) * 8 + (lane & 7)) * VP + (lane >> 4) * 8;
+#pragma unroll
+                for (int n = 0; n < HD / 16; n++) {
+                    uint32_t b0, b1, b2, b3;
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                                 : "r"((unsigned)__cvta_generic_to_shared(vrow + 16 * n)));
+                    mma_f16(o[2 * n], ah[0], ah[1], ah[2], ah[3], b0, b1);
+                    mma_f16(o[2 * n], al[0], al[1], al[2], al[3], b0, b1);
+                    mma_f16(o[2 * n + 1], ah[0], ah[1], ah[2], ah[3], b2, b3);
+                    mma_f16(o[2 * n + 1], al[0], al[1], al[2], al[3], b2, b3);
+                }
             }
-            float *out = part + (((size_t)t * n_heads + h) * max_splits + s) * (hd + 2);
 #pragma unroll
-            for (int k = 0; k < 8; k++)
-                if (lane + 32 * k < hd) out[lane + 32 * k] = o[k];
-            if (lane == 0) out[hd] = m, out[hd + 1] = l;
-            __syncwarp(); /* qw and pr are rewritten by the next pair */
+            for (int u = 0; u < 2; u++) {
+                if (qlen[u] <= j0) continue; /* past the row's length (or no row): the merge skips it */
+                float *out = part + (((size_t)qt[u] * n_heads + qh[u]) * max_splits + s) * (HD + 2);
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++)
+                    *(float2 *)(out + n * 8 + 2 * c) = make_float2(o[n][2 * u], o[n][2 * u + 1]);
+                if (c == 0) out[HD] = m[u], out[HD + 1] = l[u];
+            }
         }
         __syncthreads(); /* Ks / Vs are rewritten by the next split */
     }
@@ -220,20 +307,45 @@ __global__ void k_attn_combine(int n_heads, int hd, const int *pos, int causal, 
 
 enum { ATT_SPLIT_BLOCKS = 16 };
 
+typedef void (*attn_kernel)(const float *, int, int, int, const __half *, const __half *, const int *, int,
+                            int, float *);
+
+static attn_kernel attn_pick(int hd) {
+    switch (hd) {
+    case 16:
+        return k_attn_split<16>;
+    case 32:
+        return k_attn_split<32>;
+    case 64:
+        return k_attn_split<64>;
+    case 128:
+        return k_attn_split<128>;
+    case 256:
+        return k_attn_split<256>;
+    default:
+        return NULL;
+    }
+}
+
+int fmc_attn_head_dim_ok(int hd) {
+    return attn_pick(hd) != NULL;
+}
+
 int fmc_attn_init(void) {
-    return cudaFuncSetAttribute(k_attn_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)attn_smem(256)) == cudaSuccess
-               ? 0
-               : -1;
+    for (int hd = 16; hd <= 256; hd *= 2)
+        if (cudaFuncSetAttribute(attn_pick(hd), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)attn_smem(hd)) != cudaSuccess)
+            return -1;
+    return 0;
 }
 
 static void attention(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                       const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
                       int8_t *xq, float *xd, float *out, int pdl, cudaStream_t s) {
     const int sb = max_splits < ATT_SPLIT_BLOCKS ? max_splits : ATT_SPLIT_BLOCKS;
-    fmc_launch(k_attn_split, dim3(sb, n_kv, (T + ATT_ROWS - 1) / ATT_ROWS), dim3(ATT_WARPS * 32),
-               attn_smem(hd), s, pdl, q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, causal, max_splits,
-               part);
+    const int rows = ATT_QROWS / (n_heads / n_kv);
+    fmc_launch(attn_pick(hd), dim3(sb, n_kv, (T + rows - 1) / rows), dim3(ATT_WARPS * 32), attn_smem(hd), s,
+               pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos, causal, max_splits, part);
     fmc_launch(k_attn_combine, dim3(n_heads, T), dim3(hd), (size_t)2 * max_splits * sizeof(float), s, pdl,
                n_heads, hd, pos, causal, max_splits, (const float *)part, xq, xd, out);
 }
@@ -244,8 +356,9 @@ void fmc_attention_quant(const float *q, int T, int n_heads, int n_kv, int hd, c
     attention(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, 1, max_splits, part, xq, xd, NULL, pdl, s);
 }
 
-void fmc_attention_f32(const float *q, int T, int n_heads, int hd, const __half *k_cache,
-                       const __half *v_cache, const int *pos, int max_splits, float *part, float *out,
-                       cudaStream_t s) {
-    attention(q, T, n_heads, n_heads, hd, k_cache, v_cache, pos, 0, max_splits, part, NULL, NULL, out, 0, s);
+void fmc_attention_f32(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
+                       const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
+                       float *out, cudaStream_t s) {
+    attention(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, causal, max_splits, part, NULL, NULL, out, 0,
+              s);
 }

@@ -253,8 +253,8 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
     if (H != b->dim || hp->feat_width != b->fw)
         return fail(err, errlen, "cuda: drafter widths do not match the target's captured features");
     if (H % 32) return fail(err, errlen, "cuda: drafter target_dim must be a multiple of 32");
-    if (hd % 8 || hd > 256)
-        return fail(err, errlen, "cuda: drafter head_dim must be a multiple of 8, at most 256");
+    if (!fmc_attn_head_dim_ok(hd))
+        return fail(err, errlen, "cuda: drafter head_dim must be 16, 32, 64, 128 or 256");
     if (d->max_ctx + 1 > FMC_DR_ATT_MAX_L)
         return fail(err, errlen,
                     "cuda: drafter context too long for the CUDA cross-attention (40000 positions)");
@@ -343,8 +343,8 @@ static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, in
     b->hd = hp->head_dim, b->ffn = hp->ffn, b->vocab = hp->vocab, b->eps = hp->rms_eps;
     b->q_dim = b->n_heads * b->hd, b->kv_dim = b->n_kv * b->hd;
     b->n_ctx = n_ctx, b->max_eval = max_eval, b->n_capture = n_capture, b->fw = n_capture * b->dim;
-    if (b->hd > 256 || b->hd % 32)
-        return fail(err, errlen, "cuda: head_dim must be a multiple of 32, at most 256");
+    if (b->hd < 32 || !fmc_attn_head_dim_ok(b->hd))
+        return fail(err, errlen, "cuda: head_dim must be 32, 64, 128 or 256");
     if (b->dim % 32 || b->q_dim % 32 || b->ffn % 32)
         return fail(err, errlen, "cuda: dim, heads*head_dim and ffn must be multiples of 32");
     b->cap_slot = (int *)malloc(sizeof(int) * b->n_layers);
@@ -766,7 +766,8 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
         dmm(b, &L->cq, in, D, K, b->dqkv, D, NULL, FMC_BF16_STORE, NULL, pdl);
         fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL, NULL,
                          NULL, s);
-        fmc_attention_f32(b->dqkv, K, nh, hd, L->kc, L->vc, b->d_dpos, b->dsplits, b->dpart, b->datt, s);
+        fmc_attention_f32(b->dqkv, K, nh, nh, hd, L->kc, L->vc, b->d_dpos, 0, b->dsplits, b->dpart, b->datt,
+                          s);
         dmm(b, &L->co, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
 
         m = mod_at(b, l * 3 + 2);

@@ -51,6 +51,11 @@ int fm_cuda_debug_bf16_matmul(const uint16_t *w, int N, int K, const float *x, i
  * epilogue as fm_cuda_debug_bf16_matmul (mode, bias, gate; y in/out). */
 int fm_cuda_debug_q8_dmatmul(const void *blocks, int N, int K, const float *x, int T, const float *bias,
                              int mode, const float *gate, float *y);
+/* The target's attention kernels (split + merge, f32 output) on caller data: q [T][n_heads * hd], the f16
+ * caches k, v [n_keys][n_kv * hd] with n_keys = pos + T (causal: row t attends to keys 0 .. pos + t) or pos
+ * + 1 (causal = 0: every row attends to keys 0 .. pos); out [T][n_heads * hd]. */
+int fm_cuda_debug_attention(const float *q, int T, int n_heads, int n_kv, int hd, const uint16_t *k,
+                            const uint16_t *v, int pos, int causal, float *out);
 
 #ifdef __cplusplus
 }

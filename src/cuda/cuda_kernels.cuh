@@ -138,18 +138,21 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
                          __half *k_cache, __half *v_cache, int pdl, cudaStream_t s);
 /* Causal GQA attention of T rows at *pos + t over the f16 caches, split-K ("flash decoding"): splits of
  * FMC_ATT_SPLIT keys at fixed boundaries, each block loading one split of one KV head once for all its query
- * heads and up to 4 rows; partials [T][n_heads][max_splits][hd + 2] merged in split order, and the output
- * quantised to xq, xd (fragment order, K = q_dim). hd: a multiple of 32 (8 for the f32 variant below), at
- * most 256. */
+ * heads and up to 128 / G rows, scores and weighted sums on the f16 tensor cores (q and the probabilities
+ * as two f16 parts each, f32 accumulation); partials [T][n_heads][max_splits][hd + 2] merged in split order,
+ * and the output quantised to xq, xd (fragment order, K = q_dim). hd: see fmc_attn_head_dim_ok (32 at least
+ * for this variant). */
 #define FMC_ATT_SPLIT 64
+/* Whether the attention kernels take heads of hd dimensions (16, 32, 64, 128 or 256). */
+int fmc_attn_head_dim_ok(int hd);
 void fmc_attention_quant(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                          const __half *v_cache, const int *pos, int max_splits, float *part, int8_t *xq,
                          float *xd, int pdl, cudaStream_t s);
-/* The same kernels without a mask (the drafter's cross-attention): every row attends to keys 0 .. *pos,
- * heads [T][n_heads * hd] of q and of the caches one to one; f32 output [T][n_heads * hd]. */
-void fmc_attention_f32(const float *q, int T, int n_heads, int hd, const __half *k_cache,
-                       const __half *v_cache, const int *pos, int max_splits, float *part, float *out,
-                       cudaStream_t s);
+/* The same kernels with an f32 output [T][n_heads * hd]: causal as above, or without a mask (the drafter's
+ * cross-attention: every row attends to keys 0 .. *pos). */
+void fmc_attention_f32(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
+                       const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
+                       float *out, cudaStream_t s);
 
 /* ---- argmax and the drafter's small kernels (cuda_kernels.cu) ---- */
 

@@ -2,7 +2,8 @@
  * the Q8_0 product (with its quantising / RMSNorm prologue, the SiLU-gate epilogue and the drafter's bias /
  * GELU / gated-add epilogues) and the BF16 product against the CPU's scalar references on random data, and
  * the T-invariance of the Q8_0 product (a token's result bit for bit the same whether it runs alone or with
- * up to 39 others). Header-only; included once. Needs CHECK() and hx_rel_err from the including file. */
+ * up to 39 others), and the target's attention against a double-precision reference and for T-invariance.
+ * Header-only; included once. Needs CHECK() and hx_rel_err from the including file. */
 #ifndef FM_TESTS_CUDA_KERNEL_CHECKS_H
 #define FM_TESTS_CUDA_KERNEL_CHECKS_H
 
@@ -192,6 +193,57 @@ static void kc_check_q8d(int N, int K, int T, int mode, uint64_t seed) {
     free(w), free(x), free(bias), free(gate), free(y), free(ref);
 }
 
+/* Attention (split + merge, f32 output) against a double-precision reference over the same f16 keys and
+ * values: q ~ 2 U(-1, 1) so that the softmax is neither flat nor one-hot; contexts that end inside, at and
+ * past split boundaries. Then the T-invariance the engine relies on: row t of a T-row launch == a 1-row
+ * launch at pos + t, bit for bit. */
+static void kc_check_attention(int T, int n_heads, int n_kv, int hd, int pos, int causal, uint64_t seed) {
+    uint64_t s = seed;
+    const int n_keys = causal ? pos + T : pos + 1, W = n_heads * hd, KW = n_kv * hd, G = n_heads / n_kv;
+    float *q = malloc(sizeof(float) * (size_t)T * W), *y = malloc(sizeof(float) * (size_t)T * W);
+    float *ref = malloc(sizeof(float) * (size_t)T * W), *y1 = malloc(sizeof(float) * W);
+    uint16_t *k = malloc(2 * (size_t)n_keys * KW), *v = malloc(2 * (size_t)n_keys * KW);
+    double *sc = malloc(sizeof(double) * n_keys);
+    for (size_t i = 0; i < (size_t)T * W; i++) q[i] = 2.0f * kc_uniform(&s);
+    for (size_t i = 0; i < (size_t)n_keys * KW; i++)
+        k[i] = fm_f32_to_f16(kc_uniform(&s)), v[i] = fm_f32_to_f16(kc_uniform(&s));
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++) {
+            const int len = causal ? pos + t + 1 : pos + 1, g = h / G;
+            const float *qr = q + (size_t)t * W + h * hd;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < len; j++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++)
+                    d += (double)qr[i] * fm_f16_to_f32(k[(size_t)j * KW + g * hd + i]);
+                sc[j] = d / sqrt((double)hd);
+                mx = fmax(mx, sc[j]);
+            }
+            for (int j = 0; j < len; j++) sum += sc[j] = exp(sc[j] - mx);
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int j = 0; j < len; j++) o += sc[j] * fm_f16_to_f32(v[(size_t)j * KW + g * hd + i]);
+                ref[(size_t)t * W + h * hd + i] = (float)(o / sum);
+            }
+        }
+    const int rc = fm_cuda_debug_attention(q, T, n_heads, n_kv, hd, k, v, pos, causal, y);
+    const double e = hx_rel_err(y, ref, (size_t)T * W);
+    /* q and the probabilities enter the f16 tensor cores as two f16 parts (~22 bits), sums in f32: ~1e-6. */
+    CHECK(!rc && e < 1e-4,
+          "kernel attention T=%d heads %d/%d hd %d pos %d causal %d: rel err vs double %.2e (tol 1e-4)", T,
+          n_heads, n_kv, hd, pos, causal, e);
+    if (causal && T > 1) {
+        int same = 1;
+        for (int t = 0; t < T && same; t++) {
+            same = !fm_cuda_debug_attention(q + (size_t)t * W, 1, n_heads, n_kv, hd, k, v, pos + t, 1, y1) &&
+                   !memcmp(y1, y + (size_t)t * W, sizeof(float) * W);
+        }
+        CHECK(same, "kernel attention T=%d heads %d/%d hd %d pos %d: rows == 1-row launches bit for bit", T,
+              n_heads, n_kv, hd, pos);
+    }
+    free(q), free(y), free(ref), free(y1), free(k), free(v), free(sc);
+}
+
 static void kc_run_all(void) {
     /* Shapes that take each split of gemm_plan: warps per tile w and blocks per row group kc. */
     kc_check_q8(40, 96, 0, 1);    /* rows past a 16-row tile, K/32 = 3: w = 1 */
@@ -210,6 +262,15 @@ static void kc_run_all(void) {
     kc_check_q8d(300, 2048, 16, 0, 14); /* kc = 2 */
     kc_check_q8d(300, 2048, 17, 1, 15);
     kc_check_q8d(2048, 512, 40, 2, 16); /* two launches of <= 32 tokens */
+    /* attention: GQA 32/8 x 128 (Qwen3-4B) and the test models' shapes; contexts around split boundaries */
+    kc_check_attention(1, 32, 8, 128, 0, 1, 17);
+    kc_check_attention(1, 32, 8, 128, 700, 1, 18);
+    kc_check_attention(8, 32, 8, 128, 60, 1, 19);   /* rows cross the 64-key boundary */
+    kc_check_attention(17, 32, 8, 128, 511, 1, 20); /* first row at a split's last key */
+    kc_check_attention(40, 32, 8, 128, 90, 1, 21);  /* 40 rows: two row groups of 32 */
+    kc_check_attention(17, 4, 2, 32, 23, 1, 22);
+    kc_check_attention(16, 4, 4, 16, 130, 0, 23); /* the drafter's cross-attention: no mask, G = 1 */
+    kc_check_attention(16, 16, 16, 128, 300, 0, 24);
 }
 
 #endif
