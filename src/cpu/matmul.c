@@ -1,7 +1,10 @@
 /* matmul.c: fm_matmul's dispatcher. Picks the kernels of the current ISA level (cpu_features, read at every
  * call so tests can switch levels), prepares the activations once per call (Q8_0 blocks, interleaved for the
  * SIMD kernels; a bf16 hi/lo split for the AVX512-BF16 kernel), and hands out row chunks of one or several
- * matrices (fm_matmul_multi) to the pool's workers from one shared counter.
+ * matrices (fm_matmul_multi) to the pool's workers from one shared counter. On CPUs with AMX-INT8 (and
+ * Linux's permission, fm_cpu_amx) Q8_0 batches of 9..16 and 25+ tokens (amx_batch) take the AMX kernel
+ * (matmul_q8_amx.c: tdpbssd block dots, the VNNI kernel's f32 steps, bit-identical); FLASHMAP_NO_AMX=1 turns
+ * it off.
  *
  * Workspace: each thread that calls fm_matmul owns one buffer (a pthread key), grown when a call needs more
  * and never shrunk, so the hot path does not allocate. It holds the prepared activations (written by the
@@ -21,8 +24,9 @@
 typedef struct {
     fm_mm_kernel kern[FM_DTYPE_COUNT]; /* Q8_0: the scalar kernel; SIMD levels use q8 instead */
     fm_mm_quant_fn quant;
-    const fm_mm_q8_family *q8; /* NULL: the scalar Q8_0 kernel on block-major activations */
-    int split_bf16;            /* the BF16 kernel reads xbf_hi/xbf_lo */
+    const fm_mm_q8_family *q8;     /* NULL: the scalar Q8_0 kernel on block-major activations */
+    const fm_mm_q8_family *q8_amx; /* the batches of amx_batch, when set */
+    int split_bf16;                /* the BF16 kernel reads xbf_hi/xbf_lo */
 } fm_mm_table;
 
 static const fm_mm_table k_scalar = {
@@ -57,11 +61,36 @@ static fm_mm_table current_table(void) {
         t.kern[FM_DTYPE_BF16] = f->avx512bf16 ? fm_mm_bf16_dpbf16_avx512 : fm_mm_bf16_avx512;
         t.split_bf16 = f->avx512bf16;
         if (f->avx512vnni) t.q8 = &fm_q8_family_vnni_avx512; /* else the AVX2 int8 kernel */
+#ifdef FLASHMAP_HAVE_AMX
+        if (f->avx512vnni && fm_cpu_amx()) t.q8_amx = &fm_q8_family_amx;
+#endif
         return t;
     }
     if (isa == FM_ISA_AVX2) return k_avx2;
 #endif
     return k_scalar;
+}
+
+/* Batches that take the AMX kernel where there is one, from bench_cpu_forward on the device's Xeon (2
+ * threads, bench/RESULTS.md): 9..16 tokens (the 9-row verify block, the drafter's 16 slots) and 25 or more
+ * (prefill). Up to 8 the VNNI direct path was faster in the forward; at 17..24 the second 16-token tile is at
+ * most half full and the VNNI row-pair path was as fast. */
+static int amx_batch(int T) {
+    return (T >= 9 && T <= 16) || T >= 25;
+}
+
+static atomic_ulong g_amx_calls;
+
+int fm_mm_have_amx(void) {
+#ifdef FLASHMAP_HAVE_AMX
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+unsigned long fm_mm_amx_calls(void) {
+    return atomic_load(&g_amx_calls);
 }
 
 /* ---- per-thread workspace ---- */
@@ -200,16 +229,18 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *c
     char *tls = NULL;
     size_t tls_stride = 0;
     if (dt == FM_DTYPE_Q8_0 && tab->q8) {
-        const size_t abytes = align64(tab->q8->act_bytes(T, cols));
-        tls_stride = align64(tab->q8->tls_bytes(T, cols));
+        const fm_mm_q8_family *q8 = tab->q8_amx && amx_batch(T) ? tab->q8_amx : tab->q8;
+        if (q8 != tab->q8) atomic_fetch_add_explicit(&g_amx_calls, 1, memory_order_relaxed);
+        const size_t abytes = align64(q8->act_bytes(T, cols));
+        tls_stride = align64(q8->tls_bytes(T, cols));
         char *ws_buf = scratch_get(abytes + (size_t)workers * tls_stride);
         if (!ws_buf) {
             for (int i = 0; i < n; i++) matmul_q8_0_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
             return;
         }
-        tab->q8->act_prep(x, T, cols, ws_buf, &act);
+        q8->act_prep(x, T, cols, ws_buf, &act);
         tls = ws_buf + abytes;
-        kern = tab->q8->kern;
+        kern = q8->kern;
     } else if (dt == FM_DTYPE_Q8_0) {
         const int64_t nb = cols / FM_QK8_0;
         fm_block_q8_0 *xq = scratch_get((size_t)T * (size_t)nb * sizeof(fm_block_q8_0)); /* [nb][T] */

@@ -82,6 +82,13 @@ void fm_mm_bf16_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const f
 void fm_mm_bf16_dpbf16_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                               int64_t r1, void *tls);
 extern const fm_mm_q8_family fm_q8_family_vnni_avx512;
+/* Compiled with AVX-512 + AMX-TILE/INT8 when the compiler supports them (FLASHMAP_HAVE_AMX); call only when
+ * fm_cpu_amx() says the tiles may be used. Bit-identical to fm_q8_family_vnni_avx512 for every (row, token).
+ */
+extern const fm_mm_q8_family fm_q8_family_amx;
+/* Whether this build has the AMX kernel, and the calls of fm_matmul / fm_matmul_multi that ran it (tests). */
+int fm_mm_have_amx(void);
+unsigned long fm_mm_amx_calls(void);
 /* Splits x [n] into bf16 hi and lo parts (see fm_mm_act). */
 void fm_split_bf16_avx512(const float *x, uint16_t *hi, uint16_t *lo, int64_t n);
 
