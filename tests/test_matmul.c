@@ -19,6 +19,7 @@
 #include "core/threadpool.h"
 #include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
+#include "cpu/matmul_kernels.h"
 #include "test_util.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -79,6 +80,25 @@ static double magnitude(const fm_matrix *w, const float *wrow, const float *xt) 
 static const int k_tokens[] = {1, 2, 3, 7, 8, 16, 17, 33};
 #define N_TOKENS ((int)(sizeof k_tokens / sizeof *k_tokens))
 
+/* The kernel variants under test: every ISA level this CPU runs (AMX off), then the AVX-512 level once more
+ * with the AMX Q8_0 kernel where the CPU has it (the Q8_0 batches of matmul.c's amx_batch then take it). */
+static int g_amx_default;
+static int n_variants(void) {
+    const int amx = fm_cpu_isa_best() == FM_ISA_AVX512 && fm_cpu_features_get()->amx_int8 && fm_mm_have_amx();
+    return (int)fm_cpu_isa_best() + 1 + amx;
+}
+static const char *set_variant(int v) {
+    const fm_isa best = fm_cpu_isa_best();
+    const int amx = v > (int)best;
+    CHECK(fm_cpu_set_isa(amx ? best : (fm_isa)v) == 0);
+    CHECK(fm_cpu_set_amx(amx) == 0);
+    return amx ? "avx512+amx" : fm_isa_name((fm_isa)v);
+}
+static void reset_variant(void) {
+    fm_cpu_set_isa(fm_cpu_isa_best());
+    fm_cpu_set_amx(g_amx_default);
+}
+
 static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
     fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols)};
     const int Tmax = 33;
@@ -100,7 +120,6 @@ static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
         for (int t = 0; t < Tmax; t++) fm_matrix_row_f32(&xm, t, xe + t * cols);
         free(q);
     }
-    const fm_isa best = fm_cpu_isa_best();
     for (int ti = 0; ti < N_TOKENS; ti++) {
         const int T = k_tokens[ti];
         for (int with_bias = 0; with_bias < 2; with_bias++) {
@@ -122,8 +141,8 @@ static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
                       "%s %lldx%lld T=%d bias=%d: reference off the double product in %d outputs "
                       "(worst err/tol %.2f)",
                       fm_dtype_name(dt), (long long)rows, (long long)cols, T, with_bias, bad, worst);
-            for (int lvl = FM_ISA_SCALAR; lvl <= (int)best; lvl++) {
-                CHECK(fm_cpu_set_isa((fm_isa)lvl) == 0);
+            for (int v = 0; v < n_variants(); v++) {
+                const char *vname = set_variant(v);
                 for (int use_pool = 0; use_pool < 2; use_pool++) {
                     for (int64_t i = 0; i < T * rows; i++) y[i] = NAN;
                     fm_matmul(use_pool ? pool : NULL, &w, x, T, y, bp);
@@ -138,11 +157,11 @@ static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
                         }
                     CHECK_MSG(bad == 0,
                               "%s %s %lldx%lld T=%d bias=%d pool=%d: %d outputs off (worst err/tol %.2f)",
-                              fm_dtype_name(dt), fm_isa_name((fm_isa)lvl), (long long)rows, (long long)cols,
-                              T, with_bias, use_pool, bad, worst);
+                              fm_dtype_name(dt), vname, (long long)rows, (long long)cols, T, with_bias,
+                              use_pool, bad, worst);
                 }
             }
-            fm_cpu_set_isa(best);
+            reset_variant();
         }
     }
     free((void *)w.data);
@@ -262,6 +281,13 @@ static void test_isa_levels(void) {
            "avx-vnni %d)\n",
            fm_isa_name(best), f->avx2, f->fma, f->f16c, f->avx512f, f->avx512bw, f->avx512vl, f->avx512dq,
            f->avx512vnni, f->avx512bf16, f->avxvnni);
+    if (n_variants() > (int)best + 1)
+        printf(
+            "test_matmul: AMX-INT8 granted: the AVX-512 level is tested again with the AMX Q8_0 kernel%s\n",
+            g_amx_default ? "" : " (FLASHMAP_NO_AMX is set: off outside the tests)");
+    else
+        printf("test_matmul: skipping the AMX Q8_0 kernel: %s\n",
+               !f->amx_int8 ? "this CPU (or OS) lacks AMX-INT8" : "this build has no AMX kernel");
 }
 
 /* Rows of a T-token call must equal single-token calls bit for bit, wherever the token falls in the kernel's
@@ -277,9 +303,8 @@ static void test_batch_independence(fm_dtype dt, int64_t rows, int64_t cols, fm_
     float *bias = malloc(sizeof(float) * (size_t)rows);
     for (int64_t i = 0; i < TMAX * cols; i++) x[i] = rng_uniform() * 3.0f;
     for (int64_t r = 0; r < rows; r++) bias[r] = rng_uniform();
-    const fm_isa best = fm_cpu_isa_best();
-    for (int lvl = FM_ISA_SCALAR; lvl <= (int)best; lvl++) {
-        CHECK(fm_cpu_set_isa((fm_isa)lvl) == 0);
+    for (int v = 0; v < n_variants(); v++) {
+        const char *vname = set_variant(v);
         for (int t = 0; t < TMAX; t++) fm_matmul(NULL, &w, x + t * cols, 1, y1 + t * rows, bias);
         for (int T = 2; T <= TMAX; T++) {
             const int use_pool = T % 2;
@@ -294,12 +319,12 @@ static void test_batch_independence(fm_dtype dt, int64_t rows, int64_t cols, fm_
             CHECK_MSG(bad == 0,
                       "%s %s %lldx%lld T=%d pool=%d: %d outputs differ from the single-token product "
                       "(first: token %d row %d: %.9g vs %.9g)",
-                      fm_dtype_name(dt), fm_isa_name((fm_isa)lvl), (long long)rows, (long long)cols, T,
-                      use_pool, bad, first < 0 ? 0 : first / (int)rows, first < 0 ? 0 : first % (int)rows,
+                      fm_dtype_name(dt), vname, (long long)rows, (long long)cols, T, use_pool, bad,
+                      first < 0 ? 0 : first / (int)rows, first < 0 ? 0 : first % (int)rows,
                       first < 0 ? 0.0 : y[first], first < 0 ? 0.0 : y1[first]);
         }
     }
-    fm_cpu_set_isa(best);
+    reset_variant();
     free((void *)w.data);
     free(x);
     free(y1);
@@ -315,7 +340,6 @@ static void test_multi(fm_pool *pool) {
     const int Ts[] = {1, 5, 17, 33};
     float *x = malloc(sizeof(float) * 33 * cols);
     for (int64_t i = 0; i < 33 * cols; i++) x[i] = rng_uniform();
-    const fm_isa best = fm_cpu_isa_best();
     for (int mix = 0; mix < 2; mix++) {
         fm_matrix w[3];
         const fm_matrix *wp[3];
@@ -326,8 +350,8 @@ static void test_multi(fm_pool *pool) {
             ya[i] = malloc(sizeof(float) * 33 * (size_t)rows[i]);
             yb[i] = malloc(sizeof(float) * 33 * (size_t)rows[i]);
         }
-        for (int lvl = FM_ISA_SCALAR; lvl <= (int)best; lvl++) {
-            fm_cpu_set_isa((fm_isa)lvl);
+        for (int v = 0; v < n_variants(); v++) {
+            const char *vname = set_variant(v);
             for (size_t k = 0; k < sizeof Ts / sizeof *Ts; k++) {
                 const int T = Ts[k];
                 for (int i = 0; i < 3; i++) {
@@ -337,11 +361,10 @@ static void test_multi(fm_pool *pool) {
                 fm_matmul_multi(pool, wp, 3, x, T, ya);
                 for (int i = 0; i < 3; i++)
                     CHECK_MSG(memcmp(ya[i], yb[i], sizeof(float) * (size_t)(T * rows[i])) == 0,
-                              "multi mix=%d %s T=%d: matrix %d differs from fm_matmul", mix,
-                              fm_isa_name((fm_isa)lvl), T, i);
+                              "multi mix=%d %s T=%d: matrix %d differs from fm_matmul", mix, vname, T, i);
             }
         }
-        fm_cpu_set_isa(best);
+        reset_variant();
         for (int i = 0; i < 3; i++) {
             free((void *)w[i].data);
             free(ya[i]);
@@ -352,6 +375,7 @@ static void test_multi(fm_pool *pool) {
 }
 
 int main(void) {
+    g_amx_default = fm_cpu_amx();
     test_isa_levels();
     test_quantise();
     test_row_and_check();
@@ -371,6 +395,10 @@ int main(void) {
     for (int dt = FM_DTYPE_F32; dt <= FM_DTYPE_BF16; dt++)
         test_batch_independence((fm_dtype)dt, 13, 100, pool);
     test_multi(pool);
+    if (n_variants() > (int)fm_cpu_isa_best() + 1) {
+        printf("test_matmul: the AMX kernel ran in %lu products\n", fm_mm_amx_calls());
+        CHECK(fm_mm_amx_calls() > 0);
+    }
     fm_pool_free(pool);
     return fm_test_report("test_matmul");
 }
