@@ -1,6 +1,6 @@
 /* matmul_q8_amx.c: the AMX-INT8 Q8_0 kernel for batches (AVX-512 F/BW/VL/DQ + AMX-TILE/INT8; matmul.c calls
- * it only when fm_cpu_amx() says the CPU has the tiles and Linux granted them, and only for the batch sizes of
- * amx_batch there: decode steps and batches up to 8 keep the AVX-512 VNNI direct path).
+ * it only when fm_cpu_amx() says the CPU has the tiles and Linux granted them, and only for the batch sizes
+ * of amx_batch there: decode steps and batches up to 8 keep the AVX-512 VNNI direct path).
  *
  * Bit identity with the AVX-512 VNNI kernel (matmul_q8_avx512.c) for every (row, token): that kernel takes
  * the exact int32 dot of each 32-value block, then per (row, token, group of 16 blocks) one convert, one
