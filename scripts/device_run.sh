@@ -2,7 +2,8 @@
 # device_run.sh: what runs on the GPU machine: builds the library subset the device harness needs (no CLI, no
 # libcurl, no libcrypto: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc
 # come from the carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
-# the full-size benchmark and the PyTorch peer. usage: scripts/device_run.sh [parity|sanitize|bench|peer]...
+# the full-size benchmark, the persistent-kernel probe and the PyTorch peer.
+# usage: scripts/device_run.sh [parity|sanitize|bench|probe|peer]...
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${BUILD:-/tmp/fmb}
@@ -34,6 +35,7 @@ build() {
   local CUDA_LIB; CUDA_LIB=$(dirname "$(command -v nvcc)")/../lib64
   gcc $CFLAGS -I"$ROOT/tests" "$ROOT/tests/cuda/test_cuda_parity.c" $LIBS -L"$CUDA_LIB" -o "$B/test_cuda_parity" || return 1
   gcc $CFLAGS -I"$ROOT/tests" "$ROOT/bench/cuda/bench_cuda.c" $LIBS -L"$CUDA_LIB" -o "$B/bench_cuda" || return 1
+  nvcc -std=c++17 -O3 $ARCH "$ROOT/bench/cuda/persistent_probe.cu" -o "$B/persistent_probe" || return 1
 }
 
 export LD_LIBRARY_PATH="$DEPS/lib:${LD_LIBRARY_PATH:-}"
@@ -52,6 +54,7 @@ for step in "$@"; do
     sanitize) compute-sanitizer --tool memcheck --leak-check no "$B/test_cuda_parity" "$WORK/san" 2>&1 \
                 | tail -25 | tee "$OUT/sanitize.log" ;;
     bench) "$B/bench_cuda" "$WORK" 2>&1 | tee "$OUT/bench.log" ;;
+    probe) "$B/persistent_probe" 5 2>&1 | tee "$OUT/probe.log" ;;
     peer) PYTHONUNBUFFERED=1 python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 | tee "$OUT/peer.log" ;;
   esac
   echo "== $step done at $(( $(date +%s) - t0 )) s"
