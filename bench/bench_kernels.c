@@ -5,8 +5,9 @@
  * call) at the best time and at the median, and the best time relative to T = 1. Usage: bench_kernels
  * [threads=2] [seconds_per_case=0.3] [max_scalar_T=1] [type: f32|f16|bf16|q8_0] [T list, e.g. 1,8,17,64,256
  * (the default)] [MB of weights to rotate over=128]. Weights rotate over enough copies to exceed that size,
- * so they come from DRAM when it exceeds the L3: 128 MB does here, not on the device's Xeon (300 MB of L3),
- * where a model's weights streamed from DRAM need 1024 or more. */
+ * so they come from DRAM when it exceeds the L3 (as a forward's 4.3 GB do): 128 MB does here, not on the
+ * device's Xeon (300 MB of L3), where 1024 or more is needed. On a CPU with AMX-INT8 the AVX-512 level runs
+ * twice for Q8_0, AMX on ("avx512+amx": the batches matmul.c gives it) and off. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,7 +88,7 @@ int main(int argc, char **argv) {
     const fm_isa best = fm_cpu_isa_best();
     printf("bench_kernels: %d threads, best ISA %s, %.2f s per case, weights rotating over %ld MB\n",
            fm_pool_size(pool), fm_isa_name(best), secs, rot_mb);
-    printf("%-5s %-7s %-11s %4s %9s %9s %8s %9s %9s %7s\n", "type", "isa", "shape", "T", "best ms",
+    printf("%-5s %-10s %-11s %4s %9s %9s %8s %9s %9s %7s\n", "type", "isa", "shape", "T", "best ms",
            "median ms", "GB/s", "GFLOP/s", "(median)", "x T=1");
     float *x = malloc(sizeof(float) * 256 * 9728), *y = malloc(sizeof(float) * 256 * 9728);
     for (int i = 0; i < 256 * 9728; i++) x[i] = (float)(rnd() % 2000) * 1e-3f - 1.0f;
@@ -102,9 +103,13 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "out of memory\n");
                 return 1;
             }
-            fill((fm_dtype)dt, data, bytes * (size_t)ncopies);
-            for (int lvl = (int)best; lvl >= FM_ISA_SCALAR; lvl--) {
+            fill((fm_dtype)dt, data, bytes); /* the copies differ only in where they are */
+            for (int c = 1; c < ncopies; c++) memcpy(data + bytes * (size_t)c, data, bytes);
+            const int amx0 = fm_cpu_amx(), with_amx = amx0 && dt == FM_DTYPE_Q8_0;
+            for (int v = (int)best + with_amx; v >= FM_ISA_SCALAR; v--) {
+                const int lvl = v > (int)best ? (int)best : v, amx = v > (int)best;
                 fm_cpu_set_isa((fm_isa)lvl);
+                fm_cpu_set_amx(amx);
                 double t1 = 0;
                 for (int ti = 0; ti < nT; ti++) {
                     const int T = Ts[ti];
@@ -129,14 +134,16 @@ int main(int argc, char **argv) {
                     snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
                     char ratio[16] = "-";
                     if (t1 > 0) snprintf(ratio, sizeof ratio, "%.2f", t_best / t1);
-                    printf("%-5s %-7s %-11s %4d %9.3f %9.3f %8.1f %9.1f %9.1f %7s\n",
-                           fm_dtype_name((fm_dtype)dt), fm_isa_name((fm_isa)lvl), shape, T, t_best * 1e3,
-                           t_med * 1e3, (double)bytes / t_best * 1e-9, flop / t_best * 1e-9,
-                           flop / t_med * 1e-9, ratio);
+                    char isa[24];
+                    snprintf(isa, sizeof isa, "%s%s", fm_isa_name((fm_isa)lvl), amx ? "+amx" : "");
+                    printf("%-5s %-10s %-11s %4d %9.3f %9.3f %8.1f %9.1f %9.1f %7s\n",
+                           fm_dtype_name((fm_dtype)dt), isa, shape, T, t_best * 1e3, t_med * 1e3,
+                           (double)bytes / t_best * 1e-9, flop / t_best * 1e-9, flop / t_med * 1e-9, ratio);
                     fflush(stdout);
                 }
             }
             fm_cpu_set_isa(best);
+            fm_cpu_set_amx(amx0);
             free(data);
         }
     }
