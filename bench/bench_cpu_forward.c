@@ -1,10 +1,12 @@
-/* bench_cpu_forward.c: issue 6's per-step ratios on any CPU, without llama.cpp: a plain step, verify(8),
- * verify(17), one draft (all 16 slots, and the 7 a verify(7) round asks for) and a 256-token prefill chunk of
- * the full-size synthetic pair (Qwen3-4B-shaped Q8_0 target, FlashMap-Qwen3-4B-shaped BF16 drafter drafting
- * on its Q8_0 copy), each the median of REPS calls, with the target's weights in huge pages as the engine
- * keeps them. For machines where `flashmap bench` cannot run (the GPU machine's CPU: no llama.cpp, no
- * libcurl); `flashmap bench` is the full comparison. Usage: bench_cpu_forward WORKDIR [threads=2] [reps=5]
- * (synthesizes the pair into WORKDIR on first use) */
+/* bench_cpu_forward.c: issue 6's per-step ratios on any CPU, without llama.cpp: a plain step, verify(8) and
+ * verify(17) (the engine verifies K drafts as a block of K + 1 rows: 9 and 18), one draft (all 16 slots, and
+ * the 7 a verify(7) round asks for) and a 256-token prefill chunk of the full-size synthetic pair
+ * (Qwen3-4B-shaped Q8_0 target, FlashMap-Qwen3-4B-shaped BF16 drafter drafting on its Q8_0 copy), each the
+ * median of REPS calls, with the target's weights in huge pages as the engine keeps them. For machines where
+ * `flashmap bench` cannot run (the GPU machine's CPU: no llama.cpp, no libcurl); `flashmap bench` is the full
+ * comparison. Usage: bench_cpu_forward WORKDIR [threads=2] [reps=5] [prefill_reps=reps] [ab] (synthesizes
+ * the pair into WORKDIR on first use). With `ab` on a CPU with AMX the reps alternate between the AMX kernel
+ * off and on, in one process (same weights, same pages), and both columns are printed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,12 +59,15 @@ static int synth_pair(const char *dir, const char *tpath, const char *dpath, cha
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_cpu_forward WORKDIR [threads=2] [reps=5]\n");
+        fprintf(stderr, "usage: bench_cpu_forward WORKDIR [threads=2] [reps=5] [prefill_reps=reps] [ab]\n");
         return 2;
     }
     const int threads = argc > 2 ? atoi(argv[2]) : 2, reps = argc > 3 ? atoi(argv[3]) : 5;
-    if (threads < 1 || reps < 1 || reps > MAX_REPS) {
-        fprintf(stderr, "bench_cpu_forward: threads >= 1 and reps in 1..%d\n", MAX_REPS);
+    const int pre_reps = argc > 4 ? atoi(argv[4]) : reps;
+    const int ab = argc > 5 && strcmp(argv[5], "ab") == 0 && fm_cpu_amx();
+    if (threads < 1 || reps < 1 || reps > MAX_REPS || pre_reps < 1 || pre_reps > reps) {
+        fprintf(stderr, "bench_cpu_forward: threads >= 1, reps in 1..%d, prefill_reps in 1..reps\n",
+                MAX_REPS);
         return 2;
     }
     char err[512] = "", tpath[1024], dpath[1100];
@@ -89,42 +94,50 @@ int main(int argc, char **argv) {
         fm_drafter_extend_context(d, pool, qwen3_state_features(s), CONTEXT, 0, err, sizeof err))
         goto fail;
 
-    /* Each measurement runs at context 64 and rewinds; a first untimed round warms every path. */
-    /* 9: the engine's verify block for 8 drafts (K + 1 rows) */
-    const int sizes[5] = {1, 8, 9, 17, 256};
-    double t[7][MAX_REPS];
-    for (int r = -1; r < reps; r++) {
-        for (int k = 0; k < 5; k++) {
-            const double t0 = now_ms();
-            if (qwen3_forward(m, s, pool, ids, sizes[k], k == 4 ? QWEN3_OUT_NONE : QWEN3_OUT_ALL_ARGMAX, err,
-                              sizeof err))
-                goto fail;
-            if (r >= 0) t[k][r] = now_ms() - t0;
-            qwen3_state_rewind(s, CONTEXT);
+    /* Each measurement runs at context 64 and rewinds; a first untimed round warms every path. With `ab` the
+     * configurations alternate within each rep. */
+    const int n_cfg = ab ? 2 : 1;
+    const int sizes[4] = {1, 9, 18, 256}; /* a step, verify(8), verify(17), a prefill chunk */
+    static double t[2][6][MAX_REPS];
+    for (int r = -1; r < reps; r++)
+        for (int c = 0; c < n_cfg; c++) {
+            if (ab) fm_cpu_set_amx(c);
+            for (int k = 0; k < 4; k++) {
+                if (k == 3 && r >= pre_reps) continue;
+                if (k == 3 && r < 0) continue; /* every product was warmed by the smaller blocks */
+                const double t0 = now_ms();
+                if (qwen3_forward(m, s, pool, ids, sizes[k], k == 3 ? QWEN3_OUT_NONE : QWEN3_OUT_ALL_ARGMAX,
+                                  err, sizeof err))
+                    goto fail;
+                if (r >= 0) t[c][k][r] = now_ms() - t0;
+                qwen3_state_rewind(s, CONTEXT);
+            }
+            const int n_out[2] = {fm_drafter_block(d), 7};
+            for (int k = 0; k < 2; k++) {
+                int32_t out[FM_DRAFTER_MAX_BLOCK];
+                const double t0 = now_ms();
+                if (fm_drafter_draft(d, pool, ids[CONTEXT - 1], CONTEXT, n_out[k], out, err, sizeof err))
+                    goto fail;
+                if (r >= 0) t[c][4 + k][r] = now_ms() - t0;
+            }
         }
-        const int n_out[2] = {fm_drafter_block(d), 7};
-        for (int k = 0; k < 2; k++) {
-            int32_t out[FM_DRAFTER_MAX_BLOCK];
-            const double t0 = now_ms();
-            if (fm_drafter_draft(d, pool, ids[CONTEXT - 1], CONTEXT, n_out[k], out, err, sizeof err))
-                goto fail;
-            if (r >= 0) t[5 + k][r] = now_ms() - t0;
-        }
+    printf("isa %s, %d threads, weights in %s, medians of %d (prefill: %d)%s\n", fm_isa_name(fm_cpu_isa()),
+           threads, resident ? "2 MiB pages" : "file pages", reps, pre_reps,
+           ab ? ", AMX off / on alternating in one process" : "");
+    for (int c = 0; c < n_cfg; c++) {
+        const int amx = ab ? c : fm_cpu_amx();
+        const double step = median(t[c][0], reps), v8 = median(t[c][1], reps), v17 = median(t[c][2], reps),
+                     pre = median(t[c][3], pre_reps), draft = median(t[c][4], reps),
+                     draft7 = median(t[c][5], reps);
+        printf("-- AMX %s%s\n", amx ? "on" : "off", !ab && amx ? " (FLASHMAP_NO_AMX=1 turns it off)" : "");
+        printf("plain step      %8.1f ms\n", step);
+        printf("verify(8)       %8.1f ms = %.2f steps (9 rows; issue 6 goal <= 1.3)\n", v8, v8 / step);
+        printf("verify(17)      %8.1f ms = %.2f steps (18 rows; goal <= 1.7)\n", v17, v17 / step);
+        printf("draft (16)      %8.1f ms = %.2f steps (goal <= 0.35)\n", draft, draft / step);
+        printf("draft (7 slots) %8.1f ms = %.2f steps (the head of the first 7 slots only)\n", draft7,
+               draft7 / step);
+        printf("prefill 256     %8.1f ms = %.1f tok/s\n", pre, 256e3 / pre);
     }
-    const double step = median(t[0], reps), v8 = median(t[1], reps), v9 = median(t[2], reps),
-                 v17 = median(t[3], reps), pre = median(t[4], reps), draft = median(t[5], reps),
-                 draft7 = median(t[6], reps);
-    printf("isa %s%s, %d threads, weights in %s, medians of %d\n", fm_isa_name(fm_cpu_isa()),
-           fm_cpu_amx() ? " + AMX (FLASHMAP_NO_AMX=1 turns it off)" : "", threads,
-           resident ? "2 MiB pages" : "file pages", reps);
-    printf("plain step      %8.1f ms\n", step);
-    printf("verify(8)       %8.1f ms = %.2f steps (issue 6 goal <= 1.3)\n", v8, v8 / step);
-    printf("9-row block     %8.1f ms = %.2f steps (verify of 8 drafts: K + 1 rows)\n", v9, v9 / step);
-    printf("verify(17)      %8.1f ms = %.2f steps (goal <= 1.7)\n", v17, v17 / step);
-    printf("draft (16)      %8.1f ms = %.2f steps (goal <= 0.35)\n", draft, draft / step);
-    printf("draft (7 slots) %8.1f ms = %.2f steps (the head of the first 7 slots only)\n", draft7,
-           draft7 / step);
-    printf("prefill 256     %8.1f ms = %.1f tok/s\n", pre, 256e3 / pre);
     rc = 0;
     goto done;
 fail:
