@@ -32,6 +32,9 @@ typedef struct {
     int (*draft)(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *err, size_t errlen);
     /* Forgets everything (position 0, empty drafter context). */
     void (*reset)(void *ctx);
+    /* Seconds on the backend's clock, which the loop's timing decisions read; NULL: the monotonic wall
+     * clock (a test's fake backend passes virtual time here). */
+    double (*clock)(void *ctx);
 } fm_decode_backend;
 
 #endif

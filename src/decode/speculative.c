@@ -21,13 +21,26 @@
 #include "core/error.h"
 #include "core/rng.h"
 
-enum { ADAPTIVE_SMALL_K = 7, FALLBACK_MIN_ROUNDS = 4, FALLBACK_PLAIN_STRETCH = 16 };
+/* A fallback runs FALLBACK_PLAIN_STRETCH plain steps, then one round probes the drafts again; each probe that
+ * still loses doubles the stretch, up to FALLBACK_MAX_STRETCH (drafts that never win cost a round per 129
+ * tokens instead of one per 17; drafts that start winning again are back within that many tokens). */
+enum {
+    ADAPTIVE_SMALL_K = 7,
+    FALLBACK_MIN_ROUNDS = 4,
+    FALLBACK_PLAIN_STRETCH = 16,
+    FALLBACK_MAX_STRETCH = 128
+};
 static const double FALLBACK_MARGIN = 0.85, ADAPTIVE_THRESHOLD = 5.0;
 
-static double now_s(void) {
+static double wall_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The clock of the loop's timings and decisions (decode_backend.h). */
+static double clock_s(const fm_decode_backend *b) {
+    return b->clock ? b->clock(b->ctx) : wall_s();
 }
 
 /* Output buffer and the stop/limit bookkeeping shared by plain steps and rounds. */
@@ -57,6 +70,7 @@ void fm_decode_averages_reset(fm_decode_averages *a) {
     a->ema_tokens = 5;
     a->round_ms = a->step_ms = a->verify_ms = NAN;
     a->n_rounds = 0;
+    a->plain_stretch = FALLBACK_PLAIN_STRETCH;
     fm_width_reset(&a->width);
 }
 
@@ -123,18 +137,22 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
     int plain_left = 0, n_trace = 0, rc = -1, plain_since_round = 1;
     st->simulated = p->sim_future != NULL;
 
-    const double t_start = now_s();
+    const double t_start = clock_s(b);
     st->n_prompt = n_ids;
     int32_t next;
     if (prefill(b, ids, n_ids, &next, err, errlen)) goto done;
-    st->prefill_s = now_s() - t_start;
-    const double t_decode = now_s();
+    st->prefill_s = clock_s(b) - t_start;
+    const double t_decode = clock_s(b);
     if (out_push(&o, &next, 1)) goto oom;
     if (p->on_tokens && p->on_tokens(p->user, &next, 1)) goto finish;
     if (stops_at(p, is_stop, stop_ctx, next)) {
         o.stop = FM_STOP_TOKEN;
         goto finish;
     }
+    /* The fallback compares rounds with plain steps: time one step first, so that losing rounds are seen
+     * as such after FALLBACK_MIN_ROUNDS (a verify block's time, the stand-in until then, is several steps on
+     * a CPU). */
+    if (p->speculative && p->fallback && isnan(avg->step_ms)) plain_left = 1;
     while (o.n < o.limit) {
         const int pos = b->pos(b->ctx), remaining = o.limit - o.n;
         if (pos + 1 > n_ctx) {
@@ -152,10 +170,10 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
         }
         if (K <= 0) {
             /* A plain step on `next`; its features wait for the next draft. */
-            const double t0 = now_s();
+            const double t0 = clock_s(b);
             const int32_t in = next;
             if (b->eval(b->ctx, &in, 1, 0, &next, err, errlen)) goto done;
-            const double ms = 1e3 * (now_s() - t0);
+            const double ms = 1e3 * (clock_s(b) - t0);
             avg->step_ms = isnan(avg->step_ms) ? ms : 0.7 * avg->step_ms + 0.3 * ms;
             fm_width_observe_step(&avg->width, ms);
             if (b->commit_features(b->ctx, 1, pos, err, errlen)) goto done;
@@ -172,19 +190,19 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
         }
 
         /* A round: draft, verify [anchor, d1..dK] in one block, accept the longest matching prefix. */
-        const double t0 = now_s();
+        const double t0 = clock_s(b);
         /* The first round after a plain stretch also does that stretch's context work: keep it out of the
          * round-time average. */
         const int catch_up = plain_since_round;
         plain_since_round = 0;
         if (b->draft(b->ctx, next, pos, K, drafts, err, errlen)) goto done;
         if (p->sim_future) simulate_drafts(p, &rng, block, o.n, vocab, drafts);
-        const double t1 = now_s();
+        const double t1 = clock_s(b);
         block_ids[0] = next;
         memcpy(block_ids + 1, drafts, (size_t)K * sizeof *drafts);
         int32_t rows[FM_MAX_BLOCK + 1];
         if (b->eval(b->ctx, block_ids, K + 1, 1, rows, err, errlen)) goto done;
-        const double t2 = now_s();
+        const double t2 = clock_s(b);
         int acc = 0;
         while (acc < K && drafts[acc] == rows[acc]) acc++;
         int32_t fresh[FM_MAX_BLOCK + 1];
@@ -200,7 +218,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
          * pos .. pos+n_fresh-1 is overwritten with the target's features of those rows. */
         b->rewind(b->ctx, pos + n_fresh);
         if (b->commit_features(b->ctx, n_fresh, pos, err, errlen)) goto done;
-        const double t3 = now_s();
+        const double t3 = clock_s(b);
         st->draft_s += (t1 - t0) + (t3 - t2);
         st->verify_s += t2 - t1;
         st->rounds++;
@@ -228,17 +246,22 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
             o.stop = FM_STOP_TOKEN;
             break;
         }
-        /* Until a plain step was timed, a step is assumed to cost what a verify block costs (optimistic for
-         * drafting, so only clearly losing rounds fall back; the plain stretch then measures the real cost).
-         */
+        /* Were no plain step timed yet, a step would be taken to cost what a verify block costs (optimistic
+         * for drafting). */
         const double step_ms = isnan(avg->step_ms) ? avg->verify_ms : avg->step_ms;
-        if (p->fallback && avg->n_rounds >= FALLBACK_MIN_ROUNDS && !isnan(avg->round_ms) &&
-            avg->ema_tokens * step_ms < FALLBACK_MARGIN * avg->round_ms)
-            plain_left = FALLBACK_PLAIN_STRETCH;
+        if (p->fallback && avg->n_rounds >= FALLBACK_MIN_ROUNDS && !isnan(avg->round_ms)) {
+            if (avg->ema_tokens * step_ms < FALLBACK_MARGIN * avg->round_ms) {
+                plain_left = avg->plain_stretch;
+                avg->plain_stretch = avg->plain_stretch * 2 < FALLBACK_MAX_STRETCH ? avg->plain_stretch * 2
+                                                                                   : FALLBACK_MAX_STRETCH;
+            } else {
+                avg->plain_stretch = FALLBACK_PLAIN_STRETCH; /* drafting pays again */
+            }
+        }
     }
     if (o.n >= o.limit && o.stop == FM_STOP_NONE) o.stop = FM_STOP_LENGTH;
 finish:
-    st->decode_s = now_s() - t_decode;
+    st->decode_s = clock_s(b) - t_decode;
     st->n_generated = o.n;
     st->stop = o.stop;
     if (p->n_trace) *p->n_trace = n_trace;

@@ -18,6 +18,7 @@
 typedef struct {
     double ema_accept, ema_tokens, round_ms, step_ms, verify_ms;
     int n_rounds;
+    int plain_stretch; /* plain steps the next fallback takes: doubles while probing rounds keep losing */
     fm_width_model width;
 } fm_decode_averages;
 
