@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         for (int pass = 0; pass < 2; pass++) {
             if (pass == 1 && !waited) {
                 pdl_wait(), waited = true;
-                for (int idx = threadIdx.x; idx < ATT_QROWS * C8N; idx += ATT_WARPS * 32) {
+                /* the busy warps' tiles only (a step has 1 of 8): rows past nq in them zeroed */
+                for (int idx = threadIdx.x; idx < (nq + 15) / 16 * 16 * C8N; idx += ATT_WARPS * 32) {
                     const int i = idx / C8N, c8 = idx - i * C8N;
                     uint4 h = make_uint4(0, 0, 0, 0), l = h;
                     if (i < nq) {
