@@ -79,15 +79,30 @@ static int attach(dev_bufs *d, fmc_split *sp, int N) {
     return !sp->part || !sp->cnt || cudaMemset(sp->cnt, 0, (size_t)cnt * 4 + 4) != cudaSuccess;
 }
 
+/* A Q8_0 matrix from N rows of K/32 GGUF blocks on the host: uploaded, repacked, its split scratch attached. */
+static int q8_upload(dev_bufs *d, const void *blocks, int N, int K, int glu, fmc_q8 *w) {
+    size_t qb, sb;
+    fmc_q8_bytes(N, K, &qb, &sb);
+    void *db = d->up(blocks, (size_t)N * (K / 32) * 34);
+    int4 *qs = (int4 *)d->up(NULL, qb);
+    uint32_t *sc = (uint32_t *)d->up(NULL, sb);
+    if (!db || !qs || !sc) return -1;
+    fmc_q8_repack(db, N, K, glu, qs, sc, w, 0);
+    return attach(d, &w->sp, N);
+}
+
+/* Waits for the launches, checks them, and copies `bytes` of device src to host dst. */
+static int read_back(void *dst, const void *src, size_t bytes) {
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess) return -1;
+    return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+}
+
 extern "C" int fm_cuda_debug_q8_matmul(const void *blocks, int N, int K, const float *x, const float *nw,
                                        float eps, int T, int chunk, int glu, float *y) {
     if (fmc_init() || K % 32 || (glu && N % 64)) return -1;
     dev_bufs d;
-    size_t qb, sb;
-    fmc_q8_bytes(N, K, &qb, &sb);
-    void *db = d.up(blocks, (size_t)N * (K / 32) * 34);
-    int4 *qs = (int4 *)d.up(NULL, qb);
-    uint32_t *sc = (uint32_t *)d.up(NULL, sb);
+    fmc_q8 w;
+    if (q8_upload(&d, blocks, N, K, glu, &w)) return -1;
     float *dx = (float *)d.up(x, (size_t)T * K * 4);
     float *dn = nw ? (float *)d.up(nw, (size_t)K * 4) : NULL;
     const int F = N / 2;
@@ -97,10 +112,7 @@ extern "C" int fm_cuda_debug_q8_matmul(const void *blocks, int N, int K, const f
     const size_t TR = (size_t)nch * RS;
     int8_t *xq = (int8_t *)d.up(NULL, TR * K), *oq = (int8_t *)d.up(NULL, TR * F);
     float *xd = (float *)d.up(NULL, TR * (K / 32) * 4), *od = (float *)d.up(NULL, TR * (F / 32) * 4);
-    if (!db || !qs || !sc || !dx || (nw && !dn) || !dy || !xq || !oq || !xd || !od) return -1;
-    fmc_q8 w;
-    fmc_q8_repack(db, N, K, glu, qs, sc, &w, 0);
-    if (attach(&d, &w.sp, N)) return -1;
+    if (!dx || (nw && !dn) || !dy || !xq || !oq || !xd || !od) return -1;
     for (int ci = 0; ci < nch; ci++) {
         const int t0 = ci * chunk, n = T - t0 < chunk ? T - t0 : chunk;
         const size_t r0 = (size_t)ci * RS;
@@ -110,13 +122,10 @@ extern "C" int fm_cuda_debug_q8_matmul(const void *blocks, int N, int K, const f
         else
             fmc_q8_matmul(&w, &in, n, dy + (size_t)t0 * N, N, 0, NULL, 0, 0, 0);
     }
-    if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess) return -1;
-    if (!glu) return cudaMemcpy(y, dy, (size_t)T * N * 4, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+    if (!glu) return read_back(y, dy, (size_t)T * N * 4);
     std::vector<int8_t> hq(TR * F);
     std::vector<float> hd(TR * (F / 32));
-    if (cudaMemcpy(hq.data(), oq, hq.size(), cudaMemcpyDeviceToHost) != cudaSuccess ||
-        cudaMemcpy(hd.data(), od, hd.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
-        return -1;
+    if (read_back(hq.data(), oq, hq.size()) || read_back(hd.data(), od, hd.size() * 4)) return -1;
     /* Back from fragment order (see frag_off in cuda_device.cuh); token t sits at tr in its chunk's region.
      */
     const int FB = F / 32;
@@ -149,19 +158,15 @@ extern "C" int fm_cuda_debug_bf16_matmul(const uint16_t *wt, int N, int K, const
     fmc_bf16_repack(dw, N, K, w4, &w, 0);
     if (attach(&d, &w.sp, N)) return -1;
     fmc_bf16_matmul(&w, dx, K, T, dy, N, dbias, mode, dgate, 0, 0);
-    if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess) return -1;
-    return cudaMemcpy(y, dy, (size_t)T * N * 4, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+    return read_back(y, dy, (size_t)T * N * 4);
 }
 
 extern "C" int fm_cuda_debug_q8_dmatmul(const void *blocks, int N, int K, const float *x, int T,
                                         const float *bias, int mode, const float *gate, float *y) {
     if (fmc_init() || K % 32) return -1;
     dev_bufs d;
-    size_t qb, sb;
-    fmc_q8_bytes(N, K, &qb, &sb);
-    void *db = d.up(blocks, (size_t)N * (K / 32) * 34);
-    int4 *qs = (int4 *)d.up(NULL, qb);
-    uint32_t *sc = (uint32_t *)d.up(NULL, sb);
+    fmc_q8 w;
+    if (q8_upload(&d, blocks, N, K, 0, &w)) return -1;
     float *dx = (float *)d.up(x, (size_t)T * K * 4);
     float *dbias = bias ? (float *)d.up(bias, (size_t)N * 4) : NULL;
     float *dgate = gate ? (float *)d.up(gate, (size_t)N * 4) : NULL;
@@ -169,14 +174,10 @@ extern "C" int fm_cuda_debug_q8_dmatmul(const void *blocks, int N, int K, const 
     const size_t T8 = (size_t)(T + 7) / 8 * 8;
     int8_t *xq = (int8_t *)d.up(NULL, T8 * K);
     float *xd = (float *)d.up(NULL, T8 * (K / 32) * 4);
-    if (!db || !qs || !sc || !dx || (bias && !dbias) || (gate && !dgate) || !dy || !xq || !xd) return -1;
-    fmc_q8 w;
-    fmc_q8_repack(db, N, K, 0, qs, sc, &w, 0);
-    if (attach(&d, &w.sp, N)) return -1;
+    if (!dx || (bias && !dbias) || (gate && !dgate) || !dy || !xq || !xd) return -1;
     const fmc_q8_in in = {xq, xd, dx, K, NULL, 0.f};
     fmc_q8_dmatmul(&w, &in, T, dy, N, dbias, mode, dgate, 0, 0);
-    if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess) return -1;
-    return cudaMemcpy(y, dy, (size_t)T * N * 4, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+    return read_back(y, dy, (size_t)T * N * 4);
 }
 
 extern "C" int fm_cuda_debug_attention(const float *q, int T, int n_heads, int n_kv, int hd,
@@ -192,6 +193,5 @@ extern "C" int fm_cuda_debug_attention(const float *q, int T, int n_heads, int n
     float *part = (float *)d.up(NULL, (size_t)T * n_heads * splits * (hd + 2) * 4);
     if (!dq || !dout || !dk || !dv || !dpos || !part) return -1;
     fmc_attention_f32(dq, T, n_heads, n_kv, hd, dk, dv, dpos, causal, splits, part, dout, 0);
-    if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess) return -1;
-    return cudaMemcpy(out, dout, qn * 4, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+    return read_back(out, dout, qn * 4);
 }
