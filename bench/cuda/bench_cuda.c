@@ -45,6 +45,16 @@ static int prefill(fm_decode_backend *G, const int32_t *prompt, int NP, int32_t 
     return 0;
 }
 
+/* One generation from a fresh start (empty cache, the loop's averages reset), as a new session would run it.
+ */
+static int e2e(fm_decode_backend *G, const int32_t *prompt, int NP, const fm_generate_params *p,
+               int32_t **ids, int *n, fm_generate_stats *st, char *err, size_t errlen) {
+    fm_decode_averages avg;
+    G->reset(G->ctx);
+    fm_decode_averages_reset(&avg);
+    return fm_decode_run(G, &avg, prompt, NP, p, never, NULL, ids, n, st, err, errlen);
+}
+
 /* The drafter's rows: its fc1 / fc2 kernels, the draft (graph on / off) and end to end through the decoding
  * loop (plain, simulated acceptance, the real drafter). step: the plain step of this backend, seconds. */
 static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_drafter *d, const int32_t *prompt,
@@ -74,15 +84,12 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
                fm_drafter_block(d), n_out, graphs ? "on" : "off", dt * 1e3, dt / step);
     }
     fm_cuda_debug_set_graphs(gb, 1);
-    fm_decode_averages avg;
     fm_generate_params p;
     fm_generate_stats st;
     int32_t *plain = NULL;
     int n_plain = 0;
     hx_params(&p, NEW);
-    G->reset(G->ctx);
-    fm_decode_averages_reset(&avg);
-    if (fm_decode_run(G, &avg, prompt, NP, &p, never, NULL, &plain, &n_plain, &st, err, sizeof err))
+    if (e2e(G, prompt, NP, &p, &plain, &n_plain, &st, err, sizeof err))
         return fprintf(stderr, "plain: %s\n", err), 1;
     const double plain_tps = st.n_generated / st.decode_s;
     printf("RESULT [%s] e2e plain: %d tokens, %.1f tok/s\n", tag, st.n_generated, plain_tps);
@@ -99,9 +106,7 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
             ps.trace = trace, ps.trace_cap = 512, ps.n_trace = &n_trace;
             int32_t *ids = NULL;
             int n = 0;
-            G->reset(G->ctx);
-            fm_decode_averages_reset(&avg);
-            if (fm_decode_run(G, &avg, prompt, NP, &ps, never, NULL, &ids, &n, &st, err, sizeof err))
+            if (e2e(G, prompt, NP, &ps, &ids, &n, &st, err, sizeof err))
                 return fprintf(stderr, "spec: %s\n", err), 1;
             const int same = n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n);
             printf("RESULT [%s] e2e simulated acceptance %.1f, verify %-8s: %.1f tok/s = %.2f x plain; %d "
@@ -125,9 +130,7 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
         ps.speculative = 1, ps.fallback = 1;
         int32_t *ids = NULL;
         int n = 0;
-        G->reset(G->ctx);
-        fm_decode_averages_reset(&avg);
-        if (fm_decode_run(G, &avg, prompt, NP, &ps, never, NULL, &ids, &n, &st, err, sizeof err))
+        if (e2e(G, prompt, NP, &ps, &ids, &n, &st, err, sizeof err))
             return fprintf(stderr, "spec: %s\n", err), 1;
         printf("RESULT [%s] e2e real (random) drafter, adaptive + fallback: %.1f tok/s, %d rounds, %d "
                "accepted; ids %s plain\n",

@@ -9,14 +9,15 @@
  *   - a producer thread streams the block's share of every product, in order, through a ring of shared-memory
  *     slots with cp.async.bulk and mbarriers, never waiting for the products' data dependencies, only for
  *     free slots;
- *   - 8 consumer warps wait at a grid barrier for the previous product's output, quantise it to Q8_0 in shared
- *     memory (every block for itself), and take the slots' tiles through mma.m16n8k32 as the engine does (one
- *     token), adding rows into a per-block tile buffer, then once per product into the output (atomics);
+ *   - 16 consumer warps wait at a grid barrier for the previous product's output, quantise it to Q8_0 in
+ *     shared memory (every block for itself), and take the slots' tiles through mma.m16n8k32 as the engine
+ *     does (one token), adding rows into a per-block tile buffer, then once a product into the output;
  *   - shares are contiguous runs of (row tile, 32-block) units, the same count for every block.
  * So the weights keep streaming while the blocks wait at the barriers. Mode 1 leaves the barriers and the
- * quantisation out (the stream alone), mode 2 the weights (the chain of barriers alone). Not bit-exact with the engine (atomics); the sums are not checked
- * beyond being finite for a chained product of random data: this measures time only.
- * Built for sm_90a only (bulk copies, mbarrier waits). usage: persistent_probe [reps=5] */
+ * quantisation out (the stream alone), mode 2 the weights (the chain of barriers alone). Not bit-exact with
+ * the engine (atomics); the sums are not checked beyond being finite for a chained product of random data:
+ * this measures time only. Built for sm_90a only (bulk copies, mbarrier waits).
+ * usage: persistent_probe [reps=5] */
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -27,8 +28,15 @@
 #include <vector>
 
 /* ring: 4 slots of 64 units (32 KB); 16 consumer warps of 4 units a slot. Measured alternatives: 6 slots
- * (1.63 ms), 12 slots of 32 units with 8 warps (1.82 ms), 8 slots of 32 with 8 warps one unit at a time (3.82). */
-enum { NPROD = 145, SLOTS = 4, CHU = 64 /* units a slot */, CONS = 16 /* consumer warps */, UPW = CHU / CONS };
+ * (1.63 ms), 12 slots of 32 units with 8 warps (1.82 ms), 8 slots of 32 with 8 warps one unit at a time
+ * (3.82). */
+enum {
+    NPROD = 145,
+    SLOTS = 4,
+    CHU = 64 /* units a slot */,
+    CONS = 16 /* consumer warps */,
+    UPW = CHU / CONS
+};
 enum { MAXK = 9728, MAXT = 80 /* tiles of a block's share, lm_head: 9496 * 80 / 132 / 80 + 2 */ };
 
 struct prod {
@@ -54,24 +62,27 @@ __device__ __forceinline__ void mb_init(uint64_t *b, unsigned n) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sa(b)), "r"(n));
 }
 __device__ __forceinline__ void mb_expect(uint64_t *b, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sa(b)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sa(b)), "r"(bytes)
+                 : "memory");
 }
 __device__ __forceinline__ void mb_arrive(uint64_t *b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(sa(b)) : "memory");
 }
 __device__ __forceinline__ void mb_wait(uint64_t *b, unsigned parity) {
-    asm volatile("{\n.reg .pred p;\nW%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W%=;\n}" ::"r"(
-                     sa(b)),
-                 "r"(parity)
-                 : "memory");
+    asm volatile(
+        "{\n.reg .pred p;\nW%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W%=;\n}" ::
+            "r"(sa(b)),
+        "r"(parity)
+        : "memory");
 }
 __device__ __forceinline__ void bulk(void *dst, const void *src, unsigned bytes, uint64_t *b) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     sa(dst)),
-                 "l"(src), "r"(bytes), "r"(sa(b))
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            sa(dst)),
+        "l"(src), "r"(bytes), "r"(sa(b))
+        : "memory");
 }
-__device__ __forceinline__ void cons_sync() { /* the 256 consumer threads only */
+__device__ __forceinline__ void cons_sync() { /* the consumer threads only */
     asm volatile("bar.sync 1, %0;" ::"n"(CONS * 32) : "memory");
 }
 __device__ __forceinline__ void mma_s8(int (&d)[4], const int4 &a, uint32_t b0, uint32_t b1) {
@@ -89,9 +100,9 @@ __device__ __forceinline__ void share(int p, int b, int nb, int mode, long *u0, 
 }
 
 struct smem_t {
-    int4 ring[SLOTS][CHU * 32];     /* 512 bytes a unit */
-    uint32_t scr[SLOTS][CHU * 8];   /* 32 bytes a unit */
-    int8_t xq[MAXK];                /* the input, quantised */
+    int4 ring[SLOTS][CHU * 32];   /* 512 bytes a unit */
+    uint32_t scr[SLOTS][CHU * 8]; /* 32 bytes a unit */
+    int8_t xq[MAXK];              /* the input, quantised */
     float xd[MAXK / 32];
     float ytile[MAXT][16];
     uint64_t full[SLOTS], empty[SLOTS];
@@ -202,8 +213,10 @@ __global__ void __launch_bounds__((CONS + 1) * 32, 1)
             for (int k = 0; k < UPW; k++) {
                 if (ub + k >= cnt) break;
                 if (tl[k] != cur) flush(), cur = tl[k];
-                acc0 = fmaf((float)d[k][0], __half2float(__ushort_as_half((unsigned short)(sc2[k] & 0xffff))) * dx[k], acc0);
-                acc1 = fmaf((float)d[k][2], __half2float(__ushort_as_half((unsigned short)(sc2[k] >> 16))) * dx[k], acc1);
+                acc0 = fmaf((float)d[k][0],
+                            __half2float(__ushort_as_half((unsigned short)(sc2[k] & 0xffff))) * dx[k], acc0);
+                acc1 = fmaf((float)d[k][2],
+                            __half2float(__ushort_as_half((unsigned short)(sc2[k] >> 16))) * dx[k], acc1);
             }
             __syncwarp();
             if (lane == 0) mb_arrive(&S.empty[s]);
@@ -309,12 +322,12 @@ int main(int argc, char **argv) {
         const double t = ms[ms.size() / 2];
         float probe = 0;
         CK(cudaMemcpy(&probe, y[(NPROD - 1) % 3] + 7, 4, cudaMemcpyDeviceToHost));
-        printf("RESULT %s: %.3f ms (median of %d) = %.0f GB/s = %.1f%% of the copy bandwidth (an output %g)\n",
-               mode == 0   ? "products with barriers + quantisation"
-               : mode == 1 ? "stream alone (no barriers)"
-                           : "barriers + quantisation alone (no weights)",
-               t, reps,
-               total / (t * 1e-3) / 1e9, 100.0 * total / (t * 1e-3) / 1e9 / bw, probe);
+        printf(
+            "RESULT %s: %.3f ms (median of %d) = %.0f GB/s = %.1f%% of the copy bandwidth (an output %g)\n",
+            mode == 0   ? "products with barriers + quantisation"
+            : mode == 1 ? "stream alone (no barriers)"
+                        : "barriers + quantisation alone (no weights)",
+            t, reps, total / (t * 1e-3) / 1e9, 100.0 * total / (t * 1e-3) / 1e9 / bw, probe);
     }
     return 0;
 }
