@@ -42,6 +42,15 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
                  : "memory");
 #endif
 }
+/* 16 bytes; src_bytes = 0 fills the destination with zeros (and reads nothing). */
+__device__ __forceinline__ void cp_async16z(void *dst, const void *src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+        "l"(src), "r"(src_bytes)
+        : "memory");
+#endif
+}
 __device__ __forceinline__ void cp_async4(void *dst, const void *src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),

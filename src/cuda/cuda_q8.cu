@@ -1,6 +1,6 @@
 /* cuda_q8.cu: Q8_0 weights on the GPU: the tiled layout (see cuda_kernels.cuh), its repack from GGUF blocks,
  * token lookup, the activation quantiser, and the matrix product for 1..32 tokens per launch on the int8
- * tensor cores.
+ * tensor cores (more tokens: the wide kernel of cuda_q8_wide.cu, same results; see cuda_q8.cuh).
  *
  * The product streams each weight byte once for all tokens of a launch. The work split (fmc_split) is fixed
  * per matrix: a warp owns one 16-row tile and a fixed run of its K/32 blocks, keeps up to 8 tiles of 512
@@ -13,12 +13,7 @@
  * tokens contiguous), so a warp's activation load is one coalesced 256-byte read. The quantiser (RMSNorm +
  * Q8_0) runs one token per 256-thread block with a fixed reduction order, so a token's values never depend
  * on T either. */
-#include "cuda/cuda_gemm.cuh"
-
-/* Q8_D*: the drafter's epilogues (fmc_q8_dmatmul): + bias, then store, GELU or the gated add. Kernels of
- * their own, so the target's products keep their code. */
-enum { Q8_STORE = 0, Q8_ADD = 1, Q8_GLU = 2, Q8_DSTORE = 3, Q8_DGELU = 4, Q8_DGATE = 5 };
-enum { Q8_WARPS = 8, Q8_THREADS = 256, Q8_SMEM_LIMIT = 200 * 1024 };
+#include "cuda/cuda_q8.cuh"
 
 /* ---- layout ---- */
 
@@ -196,41 +191,6 @@ void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, in
 
 /* ---- the product ---- */
 
-struct q8_args {
-    const int4 *qs;
-    const uint32_t *sc;
-    int N, K, T;
-    fmc_split sp;
-    const int8_t *xq; /* fragment order */
-    const float *xd;
-    float *y;
-    int ldy;
-    float *y2;
-    int ldy2;
-    int8_t *oq; /* GLU output, fragment order */
-    float *od;
-    const float *bias, *gate; /* Q8_D* modes */
-};
-
-__device__ __forceinline__ void mma_s8(int (&d)[4], const int4 &a, uint32_t b0, uint32_t b1) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%10,%10,%10,%10};"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0));
-#else
-    d[0] = d[1] = d[2] = d[3] = 0;
-    __trap(); /* the backend refuses devices below compute capability 8.0 */
-#endif
-}
-
-__device__ __forceinline__ float half_lo(uint32_t s) {
-    return __half2float(__ushort_as_half((unsigned short)(s & 0xffff)));
-}
-__device__ __forceinline__ float half_hi(uint32_t s) {
-    return __half2float(__ushort_as_half((unsigned short)(s >> 16)));
-}
-
 /* Bytes of one pipeline stage of a warp: the tile (512), its scale pairs and, per 8-token n-tile, the
  * activation fragments (32 lanes x 8; tokens past T zero-filled, not read) and the tokens' scales. Up to 16
  * tokens every lane keeps its own copy of the scales it needs (32 x 4 and 32 x 8 bytes); from 17 tokens the
@@ -324,10 +284,7 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
                 const float2 dx = Q8_D(slot, n)[cl];
                 int d[4];
                 mma_s8(d, A, xv.x, xv.y);
-                acc[n][0] = __fmaf_rn((float)d[0], __fmul_rn(dw0, dx.x), acc[n][0]);
-                acc[n][1] = __fmaf_rn((float)d[1], __fmul_rn(dw0, dx.y), acc[n][1]);
-                acc[n][2] = __fmaf_rn((float)d[2], __fmul_rn(dw1, dx.x), acc[n][2]);
-                acc[n][3] = __fmaf_rn((float)d[3], __fmul_rn(dw1, dx.y), acc[n][3]);
+                q8_scale_add(acc[n], d, dw0, dw1, dx);
             }
             /* The slot is free once every lane has read it (shared scales: other lanes refill them). */
             if (SH) __syncwarp();
@@ -363,13 +320,8 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
                     gb[(8 * n + 2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[n][j];
         __syncthreads();
         const int FB = a.N / 64; /* output blocks */
-        for (int t = warp; t < T; t += nwarps) {
-            const float gv = gb[t * 64 + lane], uv = gb[t * 64 + 32 + lane];
-            const float v = gv / (1.0f + expf(-gv)) * uv;
-            float d;
-            a.oq[frag_off(t, group * 32 + lane, FB)] = quant_lane(v, &d);
-            if (lane == 0) a.od[frag_d(t, group, FB)] = d;
-        }
+        for (int t = warp; t < T; t += nwarps)
+            q8_glu_out(a, t, group, FB, gb[t * 64 + lane], gb[t * 64 + 32 + lane]);
         return;
     }
     if (!fin || !active) return;
@@ -378,22 +330,7 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int row = tile * 16 + g + (j >> 1) * 8, t = 8 * n + 2 * c + (j & 1);
-            if (t >= T || row >= a.N) continue;
-            float v = acc[n][j];
-            float *o = a.y + (size_t)t * a.ldy + row;
-            if (MODE >= Q8_DSTORE) { /* as fmc_bf16_matmul's epilogues */
-                if (a.bias) v += a.bias[row];
-                if (MODE == Q8_DGELU)
-                    *o = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-                else if (MODE == Q8_DGATE)
-                    *o = ld_cg(o) + a.gate[row] * v;
-                else
-                    *o = v;
-                continue;
-            }
-            if (MODE == Q8_ADD) v = __fadd_rn(ld_cg(o), v);
-            *o = v;
-            if (a.y2) a.y2[(size_t)t * a.ldy2 + row] = v;
+            if (t < T && row < a.N) q8_out<MODE>(a, row, t, acc[n][j]);
         }
 }
 
@@ -404,9 +341,10 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
     X(4, Q8_STORE)                                                                                           \
     X(1, Q8_ADD)                                                                                             \
     X(2, Q8_ADD)                                                                                             \
-    X(3, Q8_ADD) X(4, Q8_ADD) X(1, Q8_GLU) X(2, Q8_GLU) X(3, Q8_GLU) X(4, Q8_GLU) X(1, Q8_DSTORE)            \
-        X(2, Q8_DSTORE) X(3, Q8_DSTORE) X(4, Q8_DSTORE) X(1, Q8_DGELU) X(2, Q8_DGELU) X(3, Q8_DGELU)         \
-            X(4, Q8_DGELU) X(1, Q8_DGATE) X(2, Q8_DGATE) X(3, Q8_DGATE) X(4, Q8_DGATE)
+    X(3, Q8_ADD)                                                                                             \
+    X(4, Q8_ADD) X(1, Q8_GLU) X(2, Q8_GLU) X(3, Q8_GLU) X(4, Q8_GLU) X(1, Q8_DSTORE) X(2, Q8_DSTORE)         \
+        X(3, Q8_DSTORE) X(4, Q8_DSTORE) X(1, Q8_DGELU) X(2, Q8_DGELU) X(3, Q8_DGELU) X(4, Q8_DGELU)          \
+            X(1, Q8_DGATE) X(2, Q8_DGATE) X(3, Q8_DGATE) X(4, Q8_DGATE)
 
 typedef void (*q8_kernel)(const q8_args);
 
@@ -425,7 +363,7 @@ int fmc_q8_init(void) {
                                 Q8_SMEM_LIMIT) != cudaSuccess;
     Q8_KERNELS(X)
 #undef X
-    return bad ? -1 : 0;
+    return bad || q8_wide_init() ? -1 : 0;
 }
 
 void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, int T, int8_t *xq, float *xd,
@@ -433,28 +371,25 @@ void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, in
     fmc_launch(k_quant, dim3(T), dim3(Q8_THREADS), 0, s, pdl, x, ldx, nw, eps, K, xq, xd);
 }
 
-/* f32 input: the quantiser kernel first. Then launches of at most 32 tokens; only a single-launch product may
- * use PDL (a later chunk would read data two launches back). */
+/* f32 input: the quantiser kernel first. Then one launch: of the narrow kernel up to 32 tokens, of the wide
+ * one (cuda_q8_wide.cu) beyond. */
 static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float *y, int ldy, float *y2,
                    int ldy2, int8_t *oq, float *od, const float *bias, const float *gate, int pdl,
                    cudaStream_t s) {
-    const int NB = w->K / 32;
     if (in->x) fmc_q8_quant(in->x, in->ldx, in->nw, in->eps, w->K, T, in->xq, in->xd, pdl, s);
-    const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
-    for (int t0 = 0; t0 < T; t0 += GEMM_MAX_TOK) {
-        const int n = T - t0 < GEMM_MAX_TOK ? T - t0 : GEMM_MAX_TOK, NT = (n + 7) / 8;
-        q8_args a;
-        a.qs = w->qs, a.sc = w->sc, a.N = w->N, a.K = w->K, a.T = n, a.sp = w->sp;
-        a.xq = in->xq + (size_t)(t0 / 8) * NB * 256;
-        a.xd = in->xd + (size_t)(t0 / 8) * NB * 8;
-        a.y = y ? y + (size_t)t0 * ldy : NULL, a.ldy = ldy;
-        a.y2 = y2 ? y2 + (size_t)t0 * ldy2 : NULL, a.ldy2 = ldy2;
-        a.oq = oq ? oq + (size_t)(t0 / 8) * (w->N / 64) * 256 : NULL;
-        a.od = od ? od + (size_t)(t0 / 8) * (w->N / 64) * 8 : NULL;
-        a.bias = bias, a.gate = gate;
-        fmc_launch(q8_pick(NT, mode), dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
-                   q8_smem(&w->sp, NT, mode), s, pdl && T <= GEMM_MAX_TOK, a);
+    q8_args a;
+    a.qs = w->qs, a.sc = w->sc, a.N = w->N, a.K = w->K, a.T = T, a.sp = w->sp;
+    a.xq = in->xq, a.xd = in->xd;
+    a.y = y, a.ldy = ldy, a.y2 = y2, a.ldy2 = ldy2, a.oq = oq, a.od = od;
+    a.bias = bias, a.gate = gate;
+    if (T > GEMM_MAX_TOK) {
+        q8_wide_run(w, a, mode, pdl, s);
+        return;
     }
+    const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
+    const int NT = (T + 7) / 8;
+    fmc_launch(q8_pick(NT, mode), dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
+               q8_smem(&w->sp, NT, mode), s, pdl, a);
 }
 
 void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, int add, float *y2,

@@ -73,17 +73,18 @@ static void kc_q8_ref(const fm_block_q8_0 *w, int N, int K, const float *x, cons
 
 static void kc_check_q8(int N, int K, int use_norm, uint64_t seed) {
     uint64_t s = seed;
-    const int Ts[] = {1, 8, 17, 40};
+    /* 40 and 130 tokens: the wide kernel (one and two token tiles of 128, the last one partial) */
+    const int Ts[] = {1, 8, 17, 40, 130}, NTS = sizeof Ts / sizeof Ts[0], TM = 130;
     fm_block_q8_0 *w = kc_q8_weights(N, K, &s);
-    float *x = malloc(sizeof(float) * 40 * K), *nw = malloc(sizeof(float) * K);
-    for (int i = 0; i < 40 * K; i++) x[i] = 3.0f * kc_uniform(&s);
+    float *x = malloc(sizeof(float) * TM * K), *nw = malloc(sizeof(float) * K);
+    for (int i = 0; i < TM * K; i++) x[i] = 3.0f * kc_uniform(&s);
     for (int i = 0; i < K; i++) nw[i] = 1.0f + 0.5f * kc_uniform(&s);
-    float *y = malloc(sizeof(float) * 40 * N), *y1 = malloc(sizeof(float) * 40 * N),
-          *r = malloc(sizeof(float) * 40 * N);
-    for (int ti = 0; ti < 4; ti++) {
+    float *y = malloc(sizeof(float) * TM * N), *y1 = malloc(sizeof(float) * TM * N),
+          *r = malloc(sizeof(float) * TM * N);
+    for (int ti = 0; ti < NTS; ti++) {
         const int T = Ts[ti];
         const float *n = use_norm ? nw : NULL;
-        const int rc = fm_cuda_debug_q8_matmul(w, N, K, x, n, 1e-6f, T, 32, 0, y) ||
+        const int rc = fm_cuda_debug_q8_matmul(w, N, K, x, n, 1e-6f, T, T, 0, y) ||
                        fm_cuda_debug_q8_matmul(w, N, K, x, n, 1e-6f, T, 1, 0, y1);
         kc_q8_ref(w, N, K, x, n, 1e-6f, T, r);
         const double e = hx_rel_err(y, r, (size_t)T * N);
@@ -101,16 +102,16 @@ static void kc_check_q8(int N, int K, int use_norm, uint64_t seed) {
     free(w), free(x), free(nw), free(y), free(y1), free(r);
 }
 
-static void kc_check_glu(int F, int K, uint64_t seed) {
+static void kc_check_glu(int F, int K, int T, uint64_t seed) {
     uint64_t s = seed;
-    const int N = 2 * F, T = 17;
+    const int N = 2 * F;
     fm_block_q8_0 *w = kc_q8_weights(N, K, &s);
     float *x = malloc(sizeof(float) * T * K), *nw = malloc(sizeof(float) * K);
     for (int i = 0; i < T * K; i++) x[i] = kc_uniform(&s);
     for (int i = 0; i < K; i++) nw[i] = 1.0f + 0.5f * kc_uniform(&s);
     float *h = malloc(sizeof(float) * T * F), *h1 = malloc(sizeof(float) * T * F);
     float *gu = malloc(sizeof(float) * T * N), *ref = malloc(sizeof(float) * T * F);
-    const int rc = fm_cuda_debug_q8_matmul(w, N, K, x, nw, 1e-6f, T, 32, 1, h) ||
+    const int rc = fm_cuda_debug_q8_matmul(w, N, K, x, nw, 1e-6f, T, T, 1, h) ||
                    fm_cuda_debug_q8_matmul(w, N, K, x, nw, 1e-6f, T, 1, 1, h1);
     kc_q8_ref(w, N, K, x, nw, 1e-6f, T, gu);
     /* The CPU's SiLU * up, quantised to Q8_0 and dequantised as the next product sees it. */
@@ -184,13 +185,26 @@ static void kc_check_q8d(int N, int K, int T, int mode, uint64_t seed) {
                  : mode == 2 ? y[i] + gate[i % N] * v
                              : v;
     }
+    float *y0 = malloc(sizeof(float) * (size_t)T * N), *y1 = malloc(sizeof(float) * N);
+    memcpy(y0, y, sizeof(float) * (size_t)T * N);
     const int rc = fm_cuda_debug_q8_dmatmul(w, N, K, x, T, bias, mode, gate, y);
     const double e = hx_rel_err(y, ref, (size_t)T * N);
     /* As kc_check_q8 without a norm: quantisation bit-identical, exact int32 block dots, only the f32 order
      * of the block terms differs (~1e-6 of max |y|); the epilogues are the same f32 formulas. */
     CHECK(!rc && e < 1e-4, "kernel q8 drafter N=%d K=%d T=%d mode %d: rel err vs CPU scalar %.2e (tol 1e-4)",
           N, K, T, mode, e);
-    free(w), free(x), free(bias), free(gate), free(y), free(ref);
+    /* Rows of one launch == launches of that row alone (the wide kernel beyond 32 rows, the narrow one at 1)
+     */
+    const int rows[] = {0, T / 3, T - 1};
+    for (int i = 0; i < 3; i++) {
+        const int t = rows[i];
+        memcpy(y1, y0 + (size_t)t * N, sizeof(float) * N);
+        const int rc1 = fm_cuda_debug_q8_dmatmul(w, N, K, x + (size_t)t * K, 1, bias, mode, gate, y1);
+        CHECK(!rc1 && !memcmp(y1, y + (size_t)t * N, sizeof(float) * N),
+              "kernel q8 drafter N=%d K=%d T=%d mode %d: row %d == a launch of that row alone bit for bit", N,
+              K, T, mode, t);
+    }
+    free(w), free(x), free(bias), free(gate), free(y), free(ref), free(y0), free(y1);
 }
 
 /* Attention (split + merge, f32 output) against a double-precision reference over the same f16 keys and
@@ -246,14 +260,15 @@ static void kc_check_attention(int T, int n_heads, int n_kv, int hd, int pos, in
 
 static void kc_run_all(void) {
     /* Shapes that take each split of gemm_plan: warps per tile w and blocks per row group kc. */
-    kc_check_q8(40, 96, 0, 1);    /* rows past a 16-row tile, K/32 = 3: w = 1 */
-    kc_check_q8(256, 1024, 0, 2); /* w = 4, kc = 1 */
-    kc_check_q8(64, 4096, 0, 3);  /* kc = 2: merged by the last block */
-    kc_check_q8(48, 8192, 0, 4);  /* kc = 4 */
-    kc_check_q8(16400, 64, 0, 5); /* w = 2, a partial last tile */
-    kc_check_q8(256, 1024, 1, 6); /* RMSNorm in the quantiser */
-    kc_check_glu(96, 256, 7);     /* gate/up group of 4 tiles, kc = 1 */
-    kc_check_glu(96, 2048, 8);    /* kc = 2 */
+    kc_check_q8(40, 96, 0, 1);      /* rows past a 16-row tile, K/32 = 3: w = 1 */
+    kc_check_q8(256, 1024, 0, 2);   /* w = 4, kc = 1 */
+    kc_check_q8(64, 4096, 0, 3);    /* kc = 2: merged by the last block */
+    kc_check_q8(48, 8192, 0, 4);    /* kc = 4 */
+    kc_check_q8(16400, 64, 0, 5);   /* w = 2, a partial last tile */
+    kc_check_q8(256, 1024, 1, 6);   /* RMSNorm in the quantiser */
+    kc_check_glu(96, 256, 17, 7);   /* gate/up group of 4 tiles, kc = 1 */
+    kc_check_glu(96, 2048, 17, 8);  /* kc = 2 */
+    kc_check_glu(96, 2048, 150, 8); /* the wide kernel */
     kc_check_bf16(40, 64, 1, 0, 9);
     kc_check_bf16(300, 2048, 16, 0, 10); /* kc = 2 */
     kc_check_bf16(300, 2048, 17, 1, 11);
@@ -261,7 +276,9 @@ static void kc_run_all(void) {
     kc_check_q8d(40, 64, 1, 0, 13);
     kc_check_q8d(300, 2048, 16, 0, 14); /* kc = 2 */
     kc_check_q8d(300, 2048, 17, 1, 15);
-    kc_check_q8d(2048, 512, 40, 2, 16); /* two launches of <= 32 tokens */
+    kc_check_q8d(2048, 512, 40, 2, 16); /* the wide kernel from 33 tokens, in each epilogue */
+    kc_check_q8d(300, 2048, 200, 0, 25);
+    kc_check_q8d(300, 2048, 133, 1, 26);
     /* attention: GQA 32/8 x 128 (Qwen3-4B) and the test models' shapes; contexts around split boundaries */
     kc_check_attention(1, 32, 8, 128, 0, 1, 17);
     kc_check_attention(1, 32, 8, 128, 700, 1, 18);

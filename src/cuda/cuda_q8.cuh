@@ -1,0 +1,99 @@
+/* cuda_q8.cuh: what the two Q8_0 product kernels share: the narrow one for 1..32 tokens per launch
+ * (cuda_q8.cu: steps, verify blocks, drafts) and the wide one for more (cuda_q8_wide.cu: prefill, the
+ * drafter's context extension). Both compute each (row, token) with the same f32 operations in the same
+ * order, fixed by the matrix's split (fmc_split), so a prompt's rows equal single steps bit for bit: per
+ * 32-block acc = fma(isum, dw * dx, acc) along a warp's K share from 0, the w shares of a block added in
+ * order, then the kc blocks' sums in order. The element-wise epilogues below are the one copy both use. */
+#ifndef FM_CUDA_Q8_CUH
+#define FM_CUDA_Q8_CUH
+
+#include "cuda/cuda_gemm.cuh"
+
+/* Q8_D*: the drafter's epilogues (fmc_q8_dmatmul): + bias, then store, GELU or the gated add. */
+enum { Q8_STORE = 0, Q8_ADD = 1, Q8_GLU = 2, Q8_DSTORE = 3, Q8_DGELU = 4, Q8_DGATE = 5 };
+enum { Q8_WARPS = 8, Q8_THREADS = 256, Q8_SMEM_LIMIT = 200 * 1024 };
+
+struct q8_args {
+    const int4 *qs;
+    const uint32_t *sc;
+    int N, K, T;
+    fmc_split sp;
+    const int8_t *xq; /* fragment order */
+    const float *xd;
+    float *y;
+    int ldy;
+    float *y2;
+    int ldy2;
+    int8_t *oq; /* GLU output, fragment order */
+    float *od;
+    const float *bias, *gate; /* Q8_D* modes */
+};
+
+__device__ __forceinline__ void mma_s8(int (&d)[4], const int4 &a, uint32_t b0, uint32_t b1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0));
+#else
+    d[0] = d[1] = d[2] = d[3] = 0;
+    __trap(); /* the backend refuses devices below compute capability 8.0 */
+#endif
+}
+
+__device__ __forceinline__ float half_lo(uint32_t s) {
+    return __half2float(__ushort_as_half((unsigned short)(s & 0xffff)));
+}
+__device__ __forceinline__ float half_hi(uint32_t s) {
+    return __half2float(__ushort_as_half((unsigned short)(s >> 16)));
+}
+
+/* (float)d for a block's int32 dot (|d| <= 32 * 128 * 128 < 2^22), exactly, by an integer add and an exact
+ * f32 subtraction: the int-to-float conversion unit does 16 lanes a clock per SM on sm_80/90 against 64 and
+ * 128 for these, and four conversions per mma made it the limit of blocks of 17 and more tokens. */
+__device__ __forceinline__ float i2f_exact(int d) {
+    return __fsub_rn(__int_as_float(d + 0x4B400000), 12582912.0f);
+}
+
+/* acc += d * (dw * dx) for the four results of one mma: rows g, g + 8 (dw0, dw1) x tokens 2c, 2c + 1. */
+__device__ __forceinline__ void q8_scale_add(float (&acc)[4], const int (&d)[4], float dw0, float dw1,
+                                             float2 dx) {
+    acc[0] = __fmaf_rn(i2f_exact(d[0]), __fmul_rn(dw0, dx.x), acc[0]);
+    acc[1] = __fmaf_rn(i2f_exact(d[1]), __fmul_rn(dw0, dx.y), acc[1]);
+    acc[2] = __fmaf_rn(i2f_exact(d[2]), __fmul_rn(dw1, dx.x), acc[2]);
+    acc[3] = __fmaf_rn(i2f_exact(d[3]), __fmul_rn(dw1, dx.y), acc[3]);
+}
+
+/* The final value v of (row, token t) of a non-GLU mode into its output. */
+template <int MODE> __device__ __forceinline__ void q8_out(const q8_args &a, int row, int t, float v) {
+    float *o = a.y + (size_t)t * a.ldy + row;
+    if (MODE >= Q8_DSTORE) { /* as fmc_bf16_matmul's epilogues */
+        if (a.bias) v = __fadd_rn(v, a.bias[row]);
+        if (MODE == Q8_DGELU)
+            *o = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+        else if (MODE == Q8_DGATE)
+            *o = __fmaf_rn(a.gate[row], v, ld_cg(o));
+        else
+            *o = v;
+        return;
+    }
+    if (MODE == Q8_ADD) v = __fadd_rn(ld_cg(o), v);
+    *o = v;
+    if (a.y2) a.y2[(size_t)t * a.ldy2 + row] = v;
+}
+
+/* GLU: one warp, token t, features 32 fb + lane (gate value gv, up value uv): silu(gv) * uv quantised to
+ * Q8_0 into a.oq / a.od (fragment order, FB = F/32 blocks). */
+__device__ __forceinline__ void q8_glu_out(const q8_args &a, int t, int fb, int FB, float gv, float uv) {
+    const int lane = threadIdx.x & 31;
+    const float v = gv / (1.0f + expf(-gv)) * uv;
+    float d;
+    a.oq[frag_off(t, fb * 32 + lane, FB)] = quant_lane(v, &d);
+    if (lane == 0) a.od[frag_d(t, fb, FB)] = d;
+}
+
+/* The wide kernel (cuda_q8_wide.cu): the whole product of a.T (> 32) tokens in one launch. */
+void q8_wide_run(const fmc_q8 *w, const q8_args &a, int mode, int pdl, cudaStream_t s);
+int q8_wide_init(void);
+
+#endif
