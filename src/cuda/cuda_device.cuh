@@ -1,5 +1,5 @@
 /* cuda_device.cuh: device-side helpers shared by the CUDA backend's kernel files (warp reductions, the Q8_0
- * activation quantiser, programmatic dependent launch, loads that bypass L1).
+ * activation quantiser, programmatic dependent launch, loads that bypass L1, cp.async).
  *
  * Programmatic dependent launch (PDL, sm_90): a kernel launched with fmc_launch(..., pdl = 1) may start while
  * the kernel before it in the stream still runs. Such a kernel calls pdl_wait() before its first access to
@@ -25,6 +25,50 @@ __device__ __forceinline__ void pdl_trigger() {
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* cp.async copies global -> shared (sm_80+), bypassing the registers. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src)
+                 : "memory");
+#endif
+}
+/* 16 bytes; src_bytes = 0 fills the destination with zeros (and reads nothing). */
+__device__ __forceinline__ void cp_async16z(void *dst, const void *src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+        "l"(src), "r"(src_bytes)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src)
+                 : "memory");
+#endif
+}
+/* 8 bytes; src_bytes = 0 fills the destination with zeros (and reads nothing). */
+__device__ __forceinline__ void cp_async8(void *dst, const void *src, int src_bytes = 8) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+        "l"(src), "r"(src_bytes)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
 

@@ -35,49 +35,6 @@ static inline void gemm_plan(fmc_split *sp, int nb, int NT16, int glu, int per_s
     sp->cnt = NULL;
 }
 
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src)
-                 : "memory");
-#endif
-}
-/* 16 bytes; src_bytes = 0 fills the destination with zeros (and reads nothing). */
-__device__ __forceinline__ void cp_async16z(void *dst, const void *src, int src_bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-        "l"(src), "r"(src_bytes)
-        : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src)
-                 : "memory");
-#endif
-}
-/* 8 bytes; src_bytes = 0 fills the destination with zeros (and reads nothing). */
-__device__ __forceinline__ void cp_async8(void *dst, const void *src, int src_bytes = 8) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-        "l"(src), "r"(src_bytes)
-        : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
 /* Merges the partial sums acc of warp (r, i) (tile r of the group, K share i) of block kci of group `group`:
  * the w warps of a tile in warp order (red: shared [warps][NT][4][32]), then, when kc > 1, the kc blocks in
  * block order by the last block to arrive. Returns -1 in blocks that are not the last (the whole block),

@@ -1,0 +1,162 @@
+/* cuda_attn_prefill.cu: causal attention for prefill chunks (more than FMC_ATT_SPLIT_MAX_T rows) in one pass.
+ *
+ * The split kernel (cuda_attn.cu) computes every (row, head, 64-key split) on its own and merges the splits
+ * in a second kernel, so that a row's result never depends on T (verify blocks == steps). For a 256-row chunk
+ * that meant ~50 MB of partial results written and read back per layer. Here a block keeps its 32 queries (2
+ * warps of 16; 8 rows x 4 query heads of one KV head for Qwen3-4B) and walks the keys 64 at a time with an
+ * online softmax (running max, sum and output rescaled as the max grows), on the same tensor-core tiles as
+ * the split kernel (cuda_attn.cuh), and writes the normalised output once. */
+#include "cuda/cuda_attn.cuh"
+
+/* 2 warps: 32 queries a block (8 rows of 4 heads), so that a 256-row chunk makes 256 blocks (with 4 warps:
+ * attention at 256 rows 67 against 61 us a layer on the H200) */
+enum { PF_WARPS = 2, PF_QROWS = 16 * PF_WARPS };
+
+/* Bytes of one key tile in shared memory (K and V, as the split kernel lays them out). */
+static __host__ __device__ constexpr int prefill_tile_bytes(int hd) {
+    return FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + FMC_ATT_SPLIT * (hd + 8) * 2;
+}
+/* The queries (two f16 parts), then two key tiles: the next one loads while the current one is used. */
+static size_t prefill_smem(int hd) {
+    return (size_t)2 * PF_QROWS * (hd + 8) * 2 + 2 * (size_t)prefill_tile_bytes(hd);
+}
+
+/* grid (n_kv, ceil(T / rows)), rows = PF_QROWS / G rows of T (G = n_heads / n_kv query heads each); row t
+ * sees keys [0, pos + t]. out [T][n_heads][HD]. */
+template <int HD>
+__global__ void __launch_bounds__(PF_WARPS * 32)
+    k_attn_prefill(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
+                   const int *pos, float *out) {
+    constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8, TB = prefill_tile_bytes(HD);
+    extern __shared__ __align__(16) unsigned char smem[];
+    __half *Qs = (__half *)smem;
+    unsigned char *tiles = smem + 2 * PF_QROWS * (HD + 8) * 2;
+    pdl_trigger();
+    pdl_wait();
+    const int g = blockIdx.x, G = n_heads / n_kv, rows = PF_QROWS / G, tb = blockIdx.y * rows;
+    const int p0 = *pos, te = min(T, tb + rows), nq = (te - tb) * G, kv_dim = n_kv * HD;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, c = lane & 3;
+    const int maxlen = p0 + te, ntiles = (maxlen + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
+    const float scale = 1.0f / sqrtf((float)HD);
+    int qt[2], qh[2], qlen[2]; /* this lane's two query rows (tile rows gr, gr + 8): row, head, length */
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int i = warp * 16 + gr + 8 * u;
+        qt[u] = tb + i / G, qh[u] = g * G + i % G;
+        qlen[u] = i >= nq ? 0 : p0 + qt[u] + 1;
+    }
+    const bool busy = warp * 16 < nq;
+    /* Key tile jt into buffer b by cp.async; keys past maxlen zero-filled (their probability is 0, and 0 *
+     * garbage could be NaN). */
+    auto load_tile = [&](int jt, int b) {
+        uint32_t *Kb = (uint32_t *)(tiles + b * TB);
+        __half *Vb = (__half *)(Kb + FMC_ATT_SPLIT * KP);
+        const int j0 = jt * FMC_ATT_SPLIT;
+        for (int idx = threadIdx.x; idx < FMC_ATT_SPLIT * C8N; idx += PF_WARPS * 32) {
+            const int j = idx / C8N, c8 = idx - j * C8N, ok = j0 + j < maxlen;
+            const size_t off = ok ? (size_t)(j0 + j) * kv_dim + (size_t)g * HD + c8 * 8 : 0;
+            cp_async16z(Kb + j * KP + c8 * 4, kc + off, ok ? 16 : 0);
+            cp_async16z(Vb + j * VP + c8 * 8, vc + off, ok ? 16 : 0);
+        }
+    };
+    load_tile(0, 0);
+    cp_async_commit();
+    attn_load_q<HD, PF_QROWS>(q, Qs, tb, g, G, n_heads, PF_QROWS, nq);
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int jt = 0; jt < ntiles; jt++) {
+        const int j0 = jt * FMC_ATT_SPLIT;
+        if (jt + 1 < ntiles) load_tile(jt + 1, (jt + 1) & 1); /* its buffer was freed at the end of jt - 1 */
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads(); /* tile jt (and the queries) visible to all */
+        const uint32_t *Ks = (const uint32_t *)(tiles + (jt & 1) * TB);
+        const __half *Vs = (const __half *)(Ks + FMC_ATT_SPLIT * KP);
+        if (busy) {
+            float sc[8][4];
+            attn_scores<HD, PF_QROWS>(Qs, Ks, warp, lane, sc);
+            /* online softmax of each of the lane's two rows (a row's 64 scores sit in one lane quad) */
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int nk = qlen[u] - j0; /* keys of this tile the row sees */
+                float mx = m[u];
+#pragma unroll
+                for (int n = 0; n < 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float v = n * 8 + 2 * c + e < nk ? sc[n][2 * u + e] * scale : -INFINITY;
+                        sc[n][2 * u + e] = v;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                /* mx == -inf: the row has seen no key yet (or never will: rows past nq) */
+                const float corr = mx == -INFINITY ? 1.0f : expf(m[u] - mx);
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float v = sc[n][2 * u + e];
+                        const float p = v == -INFINITY ? 0.0f : expf(v - mx);
+                        sc[n][2 * u + e] = p;
+                        sum += p;
+                    }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                l[u] = l[u] * corr + sum, m[u] = mx;
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++) o[n][2 * u] *= corr, o[n][2 * u + 1] *= corr;
+            }
+            attn_pv<HD>(sc, Vs, lane, o);
+        }
+        __syncthreads(); /* buffer jt & 1 is reloaded in iteration jt + 1 */
+    }
+    if (!busy) return;
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        if (qlen[u] == 0) continue; /* no query in this tile row */
+        float *dst = out + ((size_t)qt[u] * n_heads + qh[u]) * HD;
+        const float inv = 1.0f / l[u];
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            *(float2 *)(dst + n * 8 + 2 * c) = make_float2(o[n][2 * u] * inv, o[n][2 * u + 1] * inv);
+    }
+}
+
+typedef void (*prefill_kernel)(const float *, int, int, int, const __half *, const __half *, const int *,
+                               float *);
+
+static prefill_kernel prefill_pick(int hd) {
+    switch (hd) {
+    case 16:
+        return k_attn_prefill<16>;
+    case 32:
+        return k_attn_prefill<32>;
+    case 64:
+        return k_attn_prefill<64>;
+    case 128:
+        return k_attn_prefill<128>;
+    case 256:
+        return k_attn_prefill<256>;
+    default:
+        return NULL;
+    }
+}
+
+int attn_prefill_init(void) {
+    for (int hd = 16; hd <= 256; hd *= 2)
+        if (cudaFuncSetAttribute(prefill_pick(hd), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)prefill_smem(hd)) != cudaSuccess)
+            return -1;
+    return 0;
+}
+
+void attn_prefill(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
+                  const __half *v_cache, const int *pos, float *out, int pdl, cudaStream_t s) {
+    const int rows = PF_QROWS / (n_heads / n_kv);
+    fmc_launch(prefill_pick(hd), dim3(n_kv, (T + rows - 1) / rows), dim3(PF_WARPS * 32), prefill_smem(hd), s,
+               pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos, out);
+}
