@@ -246,9 +246,12 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
             o.stop = FM_STOP_TOKEN;
             break;
         }
-        /* Were no plain step timed yet, a step would be taken to cost what a verify block costs (optimistic
-         * for drafting). */
-        const double step_ms = isnan(avg->step_ms) ? avg->verify_ms : avg->step_ms;
+        /* A plain step costs at most what a verify block does (the same weights for one row), so its time is
+         * capped by the verify blocks': a first step made slow by something of its own (a CUDA graph
+         * captured, cold caches) would otherwise keep the loop drafting for good, as no plain step follows
+         * to correct it (seen on the H200: 253 losing rounds in 256 tokens). Were no plain step timed yet,
+         * the verify block stands in (optimistic for drafting). */
+        const double step_ms = isnan(avg->step_ms) ? avg->verify_ms : fmin(avg->step_ms, avg->verify_ms);
         if (p->fallback && avg->n_rounds >= FALLBACK_MIN_ROUNDS && !isnan(avg->round_ms)) {
             if (avg->ema_tokens * step_ms < FALLBACK_MARGIN * avg->round_ms) {
                 plain_left = avg->plain_stretch;
