@@ -49,19 +49,24 @@ __device__ __forceinline__ float half_hi(uint32_t s) {
 }
 
 /* (float)d for a block's int32 dot (|d| <= 32 * 128 * 128 < 2^22), exactly, by an integer add and an exact
- * f32 subtraction: the int-to-float conversion unit does 16 lanes a clock per SM on sm_80/90 against 64 and
- * 128 for these, and four conversions per mma made it the limit of blocks of 17 and more tokens. */
+ * f32 subtraction: two issue slots on the 64- and 128-lane pipes, where the int-to-float conversion takes one
+ * slot on a unit of 16 lanes a clock per SM (sm_80/90). */
 __device__ __forceinline__ float i2f_exact(int d) {
     return __fsub_rn(__int_as_float(d + 0x4B400000), 12582912.0f);
 }
 
-/* acc += d * (dw * dx) for the four results of one mma: rows g, g + 8 (dw0, dw1) x tokens 2c, 2c + 1. */
+/* acc += d * (dw * dx) for the four results of one mma: rows g, g + 8 (dw0, dw1) x tokens 2c, 2c + 1. CVT of
+ * the four conversions go through the conversion unit, the others through i2f_exact (the same values): the
+ * wide kernel is bound by issue slots and takes 2 (prefill 512 on the H200 33.1 -> 32.2 ms). */
+template <int CVT = 0>
 __device__ __forceinline__ void q8_scale_add(float (&acc)[4], const int (&d)[4], float dw0, float dw1,
                                              float2 dx) {
-    acc[0] = __fmaf_rn(i2f_exact(d[0]), __fmul_rn(dw0, dx.x), acc[0]);
-    acc[1] = __fmaf_rn(i2f_exact(d[1]), __fmul_rn(dw0, dx.y), acc[1]);
-    acc[2] = __fmaf_rn(i2f_exact(d[2]), __fmul_rn(dw1, dx.x), acc[2]);
-    acc[3] = __fmaf_rn(i2f_exact(d[3]), __fmul_rn(dw1, dx.y), acc[3]);
+    const float f0 = CVT > 0 ? (float)d[0] : i2f_exact(d[0]), f1 = CVT > 2 ? (float)d[1] : i2f_exact(d[1]);
+    const float f2 = CVT > 1 ? (float)d[2] : i2f_exact(d[2]), f3 = CVT > 3 ? (float)d[3] : i2f_exact(d[3]);
+    acc[0] = __fmaf_rn(f0, __fmul_rn(dw0, dx.x), acc[0]);
+    acc[1] = __fmaf_rn(f1, __fmul_rn(dw0, dx.y), acc[1]);
+    acc[2] = __fmaf_rn(f2, __fmul_rn(dw1, dx.x), acc[2]);
+    acc[3] = __fmaf_rn(f3, __fmul_rn(dw1, dx.y), acc[3]);
 }
 
 /* The final value v of (row, token t) of a non-GLU mode into its output. */
