@@ -284,7 +284,7 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
                 const float2 dx = Q8_D(slot, n)[cl];
                 int d[4];
                 mma_s8(d, A, xv.x, xv.y);
-                q8_scale_add(acc[n], d, dw0, dw1, dx);
+                q8_scale_add<4>(acc[n], d, dw0, dw1, dx);
             }
             /* The slot is free once every lane has read it (shared scales: other lanes refill them). */
             if (SH) __syncwarp();
@@ -342,9 +342,10 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
     X(1, Q8_ADD)                                                                                             \
     X(2, Q8_ADD)                                                                                             \
     X(3, Q8_ADD)                                                                                             \
-    X(4, Q8_ADD) X(1, Q8_GLU) X(2, Q8_GLU) X(3, Q8_GLU) X(4, Q8_GLU) X(1, Q8_DSTORE) X(2, Q8_DSTORE)         \
-        X(3, Q8_DSTORE) X(4, Q8_DSTORE) X(1, Q8_DGELU) X(2, Q8_DGELU) X(3, Q8_DGELU) X(4, Q8_DGELU)          \
-            X(1, Q8_DGATE) X(2, Q8_DGATE) X(3, Q8_DGATE) X(4, Q8_DGATE)
+    X(4, Q8_ADD)                                                                                             \
+    X(1, Q8_GLU) X(2, Q8_GLU) X(3, Q8_GLU) X(4, Q8_GLU) X(1, Q8_DSTORE) X(2, Q8_DSTORE) X(3, Q8_DSTORE)      \
+        X(4, Q8_DSTORE) X(1, Q8_DGELU) X(2, Q8_DGELU) X(3, Q8_DGELU) X(4, Q8_DGELU) X(1, Q8_DGATE)           \
+            X(2, Q8_DGATE) X(3, Q8_DGATE) X(4, Q8_DGATE)
 
 typedef void (*q8_kernel)(const q8_args);
 

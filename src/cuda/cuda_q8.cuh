@@ -56,9 +56,10 @@ __device__ __forceinline__ float i2f_exact(int d) {
 }
 
 /* acc += d * (dw * dx) for the four results of one mma: rows g, g + 8 (dw0, dw1) x tokens 2c, 2c + 1. CVT of
- * the four conversions go through the conversion unit, the others through i2f_exact (the same values): the
- * wide kernel is bound by issue slots and takes 2 (prefill 512 on the H200 33.1 -> 32.2 ms). */
-template <int CVT = 0>
+ * the four conversions go through the conversion unit, the others through i2f_exact (the same values). The
+ * wide kernel is bound by issue slots and takes 2 (prefill 512 on the H200 33.1 -> 32.2 ms); the narrow one
+ * all 4 (with none, verify(17) measured 5.09-5.13 against 5.01 ms). */
+template <int CVT>
 __device__ __forceinline__ void q8_scale_add(float (&acc)[4], const int (&d)[4], float dw0, float dw1,
                                              float2 dx) {
     const float f0 = CVT > 0 ? (float)d[0] : i2f_exact(d[0]), f1 = CVT > 2 ? (float)d[1] : i2f_exact(d[1]);
