@@ -240,20 +240,8 @@ typedef void (*attn_kernel)(const float *, int, int, int, const __half *, const 
                             int, float *);
 
 static attn_kernel attn_pick(int hd) {
-    switch (hd) {
-    case 16:
-        return k_attn_split<16>;
-    case 32:
-        return k_attn_split<32>;
-    case 64:
-        return k_attn_split<64>;
-    case 128:
-        return k_attn_split<128>;
-    case 256:
-        return k_attn_split<256>;
-    default:
-        return NULL;
-    }
+    return attn_by_hd<attn_kernel>(hd,
+                                   [](auto c) -> attn_kernel { return k_attn_split<decltype(c)::value>; });
 }
 
 int fmc_attn_head_dim_ok(int hd) {

@@ -9,6 +9,8 @@
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_kernels.cuh"
 
+#include <type_traits>
+
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                         uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -101,6 +103,25 @@ __device__ __forceinline__ void attn_pv(const float (&sc)[8][4], const __half *V
             mma_f16(o[2 * n + 1], ah[0], ah[1], ah[2], ah[3], b2, b3);
             mma_f16(o[2 * n + 1], al[0], al[1], al[2], al[3], b2, b3);
         }
+    }
+}
+
+/* f(std::integral_constant<int, hd>()) for the head sizes the kernels take (16 .. 256, powers of two), else
+ * NULL: picks a kernel instantiation, as in attn_pick (cuda_attn.cu). */
+template <typename R, typename F> R attn_by_hd(int hd, F f) {
+    switch (hd) {
+    case 16:
+        return f(std::integral_constant<int, 16>());
+    case 32:
+        return f(std::integral_constant<int, 32>());
+    case 64:
+        return f(std::integral_constant<int, 64>());
+    case 128:
+        return f(std::integral_constant<int, 128>());
+    case 256:
+        return f(std::integral_constant<int, 256>());
+    default:
+        return NULL;
     }
 }
 

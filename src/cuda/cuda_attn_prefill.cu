@@ -130,20 +130,8 @@ typedef void (*prefill_kernel)(const float *, int, int, int, const __half *, con
                                float *);
 
 static prefill_kernel prefill_pick(int hd) {
-    switch (hd) {
-    case 16:
-        return k_attn_prefill<16>;
-    case 32:
-        return k_attn_prefill<32>;
-    case 64:
-        return k_attn_prefill<64>;
-    case 128:
-        return k_attn_prefill<128>;
-    case 256:
-        return k_attn_prefill<256>;
-    default:
-        return NULL;
-    }
+    return attn_by_hd<prefill_kernel>(
+        hd, [](auto c) -> prefill_kernel { return k_attn_prefill<decltype(c)::value>; });
 }
 
 int attn_prefill_init(void) {
