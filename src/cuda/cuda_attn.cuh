@@ -132,6 +132,8 @@ template <typename R, typename F> R attn_by_hd(int hd, F f) {
  * against 51 one-pass, 256 rows 99 against 61). */
 enum { FMC_ATT_SPLIT_MAX_T = 64 };
 int attn_prefill_init(void);
+/* Whether a block holds the query heads of one KV head (G = n_heads / n_kv <= 32; the split kernel: 128). */
+int attn_prefill_fits(int n_heads, int n_kv);
 void attn_prefill(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                   const __half *v_cache, const int *pos, float *out, int pdl, cudaStream_t s);
 

@@ -142,6 +142,10 @@ int attn_prefill_init(void) {
     return 0;
 }
 
+int attn_prefill_fits(int n_heads, int n_kv) {
+    return n_heads / n_kv <= PF_QROWS;
+}
+
 void attn_prefill(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                   const __half *v_cache, const int *pos, float *out, int pdl, cudaStream_t s) {
     const int rows = PF_QROWS / (n_heads / n_kv);

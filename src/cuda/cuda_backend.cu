@@ -347,6 +347,9 @@ static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, in
         return fail(err, errlen, "cuda: head_dim must be 32, 64, 128 or 256");
     if (b->dim % 32 || b->q_dim % 32 || b->ffn % 32)
         return fail(err, errlen, "cuda: dim, heads*head_dim and ffn must be multiples of 32");
+    if (b->n_kv < 1 || b->n_heads % b->n_kv || b->n_heads / b->n_kv > FMC_ATT_MAX_GROUP)
+        return fail(err, errlen,
+                    "cuda: query heads must be a multiple of the KV heads, at most 128 per KV head");
     b->cap_slot = (int *)malloc(sizeof(int) * b->n_layers);
     if (!b->cap_slot) return fail(err, errlen, "out of memory");
     for (int l = 0; l < b->n_layers; l++) b->cap_slot[l] = -1;

@@ -143,6 +143,8 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
  * and the output quantised to xq, xd (fragment order, K = q_dim). hd: see fmc_attn_head_dim_ok (32 at least
  * for this variant). */
 #define FMC_ATT_SPLIT 64
+/* The most query heads per KV head the attention kernels take (a block holds at least one row of them). */
+#define FMC_ATT_MAX_GROUP 128
 /* Whether the attention kernels take heads of hd dimensions (16, 32, 64, 128 or 256). */
 int fmc_attn_head_dim_ok(int hd);
 void fmc_attention_quant(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
