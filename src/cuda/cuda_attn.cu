@@ -262,7 +262,7 @@ int fmc_attn_init(void) {
 static void attention(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                       const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
                       int8_t *xq, float *xd, float *out, int pdl, cudaStream_t s) {
-    if (causal && T > FMC_ATT_SPLIT_MAX_T && attn_prefill_fits(n_heads, n_kv)) {
+    if (causal && T > FMC_ATT_SPLIT_MAX_T && fmc_attn_prefill_fits(n_heads, n_kv)) {
         attn_prefill(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, xq ? part : out, pdl, s);
         if (xq) fmc_q8_quant(part, n_heads * hd, NULL, 0.0f, n_heads * hd, T, xq, xd, pdl, s);
         return;

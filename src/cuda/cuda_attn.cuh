@@ -125,15 +125,9 @@ template <typename R, typename F> R attn_by_hd(int hd, F f) {
     }
 }
 
-/* The one-pass kernel for T > FMC_ATT_SPLIT_MAX_T causal rows (cuda_attn_prefill.cu): out [T][n_heads * hd]
- * f32. Not bit-identical to the split kernel (it rescales as it goes instead of merging splits at the end):
- * prefill chunks need no equality with steps, verify blocks (<= 17 rows) stay on the split kernel. From 64
- * rows on, since its partial results grow with T x context (H200, context ~600: 128 rows 46 us a layer split
- * against 51 one-pass, 256 rows 99 against 61). */
-enum { FMC_ATT_SPLIT_MAX_T = 64 };
+/* The one-pass kernel (cuda_attn_prefill.cu): out [T][n_heads * hd] f32, for the launches
+ * fmc_attention_quant / _f32 route to it (see FMC_ATT_SPLIT_MAX_T in cuda_kernels.cuh). */
 int attn_prefill_init(void);
-/* Whether a block holds the query heads of one KV head (G = n_heads / n_kv <= 32; the split kernel: 128). */
-int attn_prefill_fits(int n_heads, int n_kv);
 void attn_prefill(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                   const __half *v_cache, const int *pos, float *out, int pdl, cudaStream_t s);
 

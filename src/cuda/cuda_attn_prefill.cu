@@ -142,7 +142,7 @@ int attn_prefill_init(void) {
     return 0;
 }
 
-int attn_prefill_fits(int n_heads, int n_kv) {
+int fmc_attn_prefill_fits(int n_heads, int n_kv) {
     return n_heads / n_kv <= PF_QROWS;
 }
 
