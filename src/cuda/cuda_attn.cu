@@ -154,31 +154,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             float m[2], l[2];
 #pragma unroll
             for (int u = 0; u < 2; u++) {
-                const int nk = qlen[u] - j0; /* keys of this split the row sees */
-                float mx = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float v = n * 8 + 2 * c + e < nk ? sc[n][2 * u + e] * scale : -INFINITY;
-                        sc[n][2 * u + e] = v;
-                        mx = fmaxf(mx, v);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                float sum = 0.0f;
-#pragma unroll
-                for (int n = 0; n < 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float v = sc[n][2 * u + e];
-                        const float p = v == -INFINITY ? 0.0f : expf(v - mx);
-                        sc[n][2 * u + e] = p;
-                        sum += p;
-                    }
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                m[u] = mx, l[u] = sum;
+                m[u] = -INFINITY;
+                l[u] = attn_softmax_row(sc, u, qlen[u] - j0, scale, c, &m[u]);
             }
             float o[HD / 8][4];
 #pragma unroll

@@ -78,6 +78,39 @@ __device__ __forceinline__ void attn_scores(const __half *Qs, const uint32_t *Ks
         }
 }
 
+/* The softmax pieces of one of the lane's two query rows (u: tile row gr or gr + 8) over the 64 keys of sc,
+ * whose scores sit in one lane quad: scores past the row's first nk keys masked, the others scaled; *mx =
+ * max(*mx, the row's scores) over the quad; then sc = exp(score - *mx) (0 where masked) and their sum over
+ * the quad is returned, in a fixed order. */
+__device__ __forceinline__ float attn_softmax_row(float (&sc)[8][4], int u, int nk, float scale, int c,
+                                                  float *mx) {
+    float m = *mx;
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float v = n * 8 + 2 * c + e < nk ? sc[n][2 * u + e] * scale : -INFINITY;
+            sc[n][2 * u + e] = v;
+            m = fmaxf(m, v);
+        }
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float v = sc[n][2 * u + e];
+            const float p = v == -INFINITY ? 0.0f : expf(v - m);
+            sc[n][2 * u + e] = p;
+            sum += p;
+        }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    *mx = m;
+    return sum;
+}
+
 /* o += P V for the warp's 16 queries: P's score tiles 2k, 2k + 1 (probabilities, as two f16 parts) are the A
  * fragment of key step k; V by ldmatrix.trans. */
 template <int HD>

@@ -80,32 +80,10 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             /* online softmax of each of the lane's two rows (a row's 64 scores sit in one lane quad) */
 #pragma unroll
             for (int u = 0; u < 2; u++) {
-                const int nk = qlen[u] - j0; /* keys of this tile the row sees */
                 float mx = m[u];
-#pragma unroll
-                for (int n = 0; n < 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float v = n * 8 + 2 * c + e < nk ? sc[n][2 * u + e] * scale : -INFINITY;
-                        sc[n][2 * u + e] = v;
-                        mx = fmaxf(mx, v);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float sum = attn_softmax_row(sc, u, qlen[u] - j0, scale, c, &mx);
                 /* mx == -inf: the row has seen no key yet (or never will: rows past nq) */
                 const float corr = mx == -INFINITY ? 1.0f : expf(m[u] - mx);
-                float sum = 0.0f;
-#pragma unroll
-                for (int n = 0; n < 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float v = sc[n][2 * u + e];
-                        const float p = v == -INFINITY ? 0.0f : expf(v - mx);
-                        sc[n][2 * u + e] = p;
-                        sum += p;
-                    }
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
                 l[u] = l[u] * corr + sum, m[u] = mx;
 #pragma unroll
                 for (int n = 0; n < HD / 8; n++) o[n][2 * u] *= corr, o[n][2 * u + 1] *= corr;
