@@ -4,7 +4,7 @@
  * The narrow kernel (cuda_q8.cu) suits steps: one warp streams a tile row with deep per-warp prefetch, and a
  * launch takes at most 32 tokens, so a 256-token chunk read the weights 8 times. Here a block of 8 warps
  * computes 64 rows x 64 tokens (32 when the grid would not fill two blocks per SM): each stage brings 4
- * K-blocks of 4 weight tiles and the tokens' activation fragments into shared memory (cp.async, 3 stages),
+ * K-blocks of 4 weight tiles and the tokens' activation fragments into shared memory (cp.async, 4 stages),
  * and each warp multiplies its row tile by 4 (2) token groups with mma.m16n8k32, branch-free so that the
  * products and their f32 scaling interleave. Blocks of one row group over the token tiles are neighbours in
  * the grid, so the weights come from memory about once.
