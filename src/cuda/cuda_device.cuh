@@ -29,15 +29,8 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 /* cp.async copies global -> shared (sm_80+), bypassing the registers. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src)
-                 : "memory");
-#endif
-}
 /* 16 bytes; src_bytes = 0 fills the destination with zeros (and reads nothing). */
-__device__ __forceinline__ void cp_async16z(void *dst, const void *src, int src_bytes) {
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes = 16) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile(
         "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),

@@ -80,19 +80,18 @@ template <int MODE, int NTW> __global__ void __launch_bounds__(QW_THREADS, 2) k_
 #pragma unroll
         for (int m = 0; m < WM; m++) {
             const bool ok = w_ok && next_b + w_j + m * WJ < NB;
-            cp_async16z(sb + S::W + (tid + m * QW_THREADS) * 16, ok ? w_src + m * WJ * 32 : a.qs,
-                        ok ? 16 : 0);
+            cp_async16(sb + S::W + (tid + m * QW_THREADS) * 16, ok ? w_src + m * WJ * 32 : a.qs, ok ? 16 : 0);
         }
         if (tid < XT)
 #pragma unroll
             for (int m = 0; m < XM; m++) {
                 const bool ok = x_ok && next_b + x_j + m * XJ < NB;
-                cp_async16z(sb + S::X + (tid + m * XT) * 16, ok ? x_src + m * XJ * 256 : a.xq, ok ? 16 : 0);
+                cp_async16(sb + S::X + (tid + m * XT) * 16, ok ? x_src + m * XJ * 256 : a.xq, ok ? 16 : 0);
             }
         const bool sc_ok = next_b + my_j < NB;
-        if (d_thr) cp_async16z(sb + S::XS + tid * 16, sc_ok && d_ok ? d_src : a.xd, sc_ok && d_ok ? 16 : 0);
+        if (d_thr) cp_async16(sb + S::XS + tid * 16, sc_ok && d_ok ? d_src : a.xd, sc_ok && d_ok ? 16 : 0);
         if (s_thr)
-            cp_async16z(sb + S::WS + (tid - 64) * 16, sc_ok && s_ok ? s_src : a.sc, sc_ok && s_ok ? 16 : 0);
+            cp_async16(sb + S::WS + (tid - 64) * 16, sc_ok && s_ok ? s_src : a.sc, sc_ok && s_ok ? 16 : 0);
         w_src += QW_KB * 32, x_src += QW_KB * 256, d_src += QW_KB * 8, s_src += QW_KB * 8;
         next_b += QW_KB;
     };
