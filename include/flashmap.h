@@ -39,7 +39,7 @@ typedef struct {
     const char *drafter_path; /* drafter .safetensors or a folder holding model.safetensors; NULL: none */
     int n_threads;            /* <= 0: one per core */
     int n_ctx;                /* KV cache positions; <= 0: 4096, capped by the model's context length */
-    int prefill_chunk;        /* tokens per prefill forward; <= 0: 256 */
+    int prefill_chunk;        /* tokens per prefill forward; <= 0: 256 (CPU), 512 (CUDA) */
     fm_device device;
     /* Drafter settings that override its config.json (0 / NULL: keep). */
     int drafter_block;

@@ -32,8 +32,8 @@ static double median(double *v, int n) {
     return v[n / 2];
 }
 
-/* Prefill chunk: the engine's default (engine.c) and the backend's row capacity. */
-enum { CHUNK = 256 };
+/* Prefill chunk: the engine's default on CUDA (engine.c) and the backend's row capacity. */
+enum { CHUNK = 512 };
 
 /* Prefill (chunks of CHUNK), features committed; *next: the greedy id after the prompt. */
 static int prefill(fm_decode_backend *G, const int32_t *prompt, int NP, int32_t *next, char *err,

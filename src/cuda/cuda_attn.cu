@@ -6,8 +6,7 @@
  * shared memory once and serves all query heads of the group for up to 128 / G rows (a whole verify block),
  * one 16-query tile per warp on the f16 tensor cores, so a verify block reads the cache once instead of once
  * per group of rows and costs about what a single step's attention does. */
-#include "cuda/cuda_device.cuh"
-#include "cuda/cuda_kernels.cuh"
+#include "cuda/cuda_attn.cuh"
 
 enum { ATT_WARPS = 8, ATT_QROWS = 16 * ATT_WARPS /* queries of a block: one 16-row tile a warp */ };
 static_assert(ATT_QROWS == FMC_ATT_MAX_GROUP, "a split block holds one row of every query head of a group");
@@ -76,28 +75,6 @@ static size_t attn_smem(int hd) {
            (size_t)2 * ATT_QROWS * (hd + 8) * 2;
 }
 
-__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                        uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *(const uint32_t *)&h;
-}
-
-/* x = hi + lo with hi = f16(x), lo = f16(x - hi): two f16 operands that carry about 22 bits of x, so the
- * tensor-core products keep nearly f32 accuracy (the keys and values are f16 already). */
-__device__ __forceinline__ void split_half2(float x0, float x1, uint32_t *hi, uint32_t *lo) {
-    const __half2 h = __floats2half2_rn(x0, x1);
-    const float2 hf = __half22float2(h);
-    *hi = *(const uint32_t *)&h;
-    *lo = pack_half2(x0 - hf.x, x1 - hf.y);
-}
-
 /* grid (min(max_splits, ATT_SPLIT_BLOCKS), n_kv, ceil(T / rows)), ATT_WARPS warps, rows = ATT_QROWS / G
  * query rows of T (G = n_heads / n_kv query heads each). Block x takes splits x, x + gridDim.x, ... (a graph
  * sized for the whole context launches few idle blocks). Split s: keys [j0, j0 + 64), j0 = 64 s, of KV head
@@ -114,7 +91,7 @@ template <int HD>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     k_attn_split(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
                  const int *pos, int causal, int max_splits, float *part) {
-    constexpr int KP = HD / 2 + 4, VP = HD + 8, QP = HD + 8, C8N = HD / 8;
+    constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8;
     extern __shared__ __align__(16) unsigned char smem[];
     uint32_t *Ks = (uint32_t *)smem;
     __half *Vs = (__half *)(Ks + FMC_ATT_SPLIT * KP);
@@ -147,19 +124,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         for (int pass = 0; pass < 2; pass++) {
             if (pass == 1 && !waited) {
                 pdl_wait(), waited = true;
-                /* the busy warps' tiles only (a step has 1 of 8): rows past nq in them zeroed */
-                for (int idx = threadIdx.x; idx < (nq + 15) / 16 * 16 * C8N; idx += ATT_WARPS * 32) {
-                    const int i = idx / C8N, c8 = idx - i * C8N;
-                    uint4 h = make_uint4(0, 0, 0, 0), l = h;
-                    if (i < nq) {
-                        const float *src = q + ((size_t)(tb + i / G) * n_heads + g * G + i % G) * HD + c8 * 8;
-                        const float4 x0 = ld_cg4(src), x1 = ld_cg4(src + 4);
-                        split_half2(x0.x, x0.y, &h.x, &l.x), split_half2(x0.z, x0.w, &h.y, &l.y);
-                        split_half2(x1.x, x1.y, &h.z, &l.z), split_half2(x1.z, x1.w, &h.w, &l.w);
-                    }
-                    *(uint4 *)(Qs + i * QP + c8 * 8) = h;
-                    *(uint4 *)(Qs + (ATT_QROWS + i) * QP + c8 * 8) = l;
-                }
+                /* the busy warps' tiles only (a step has 1 of 8) */
+                attn_load_q<HD, ATT_QROWS>(q, Qs, tb, g, G, n_heads, (nq + 15) / 16 * 16, nq);
             }
 #pragma unroll
             for (int u = 0; u < 8; u++) {
@@ -182,80 +148,16 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         }
         __syncthreads();
         if (busy) {
-            /* S = Q K^T: 8 tiles of 8 keys; B fragment of key tile n = K rows n * 8 + gr, dims 16 k + 2c.. */
             float sc[8][4];
-#pragma unroll
-            for (int n = 0; n < 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-            const __half *qa = Qs + (warp * 16 + gr) * QP + 2 * c;
-#pragma unroll
-            for (int k = 0; k < HD / 16; k++)
-#pragma unroll
-                for (int part = 0; part < 2; part++) {
-                    const __half *qp = qa + part * ATT_QROWS * QP + 16 * k;
-                    const uint32_t a0 = *(const uint32_t *)qp, a1 = *(const uint32_t *)(qp + 8 * QP),
-                                   a2 = *(const uint32_t *)(qp + 8),
-                                   a3 = *(const uint32_t *)(qp + 8 * QP + 8);
-#pragma unroll
-                    for (int n = 0; n < 8; n++) {
-                        const uint32_t *kb = Ks + (n * 8 + gr) * KP + 8 * k + c;
-                        mma_f16(sc[n], a0, a1, a2, a3, kb[0], kb[4]);
-                    }
-                }
+            attn_scores<HD, ATT_QROWS>(Qs, Ks, warp, lane, sc);
             /* softmax of each of the lane's two rows over its quad: max, exp, sum in a fixed order */
             float m[2], l[2];
 #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int nk = qlen[u] - j0; /* keys of this split the row sees */
-                float mx = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float v = n * 8 + 2 * c + e < nk ? sc[n][2 * u + e] * scale : -INFINITY;
-                        sc[n][2 * u + e] = v;
-                        mx = fmaxf(mx, v);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                float sum = 0.0f;
-#pragma unroll
-                for (int n = 0; n < 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float v = sc[n][2 * u + e];
-                        const float p = v == -INFINITY ? 0.0f : expf(v - mx);
-                        sc[n][2 * u + e] = p;
-                        sum += p;
-                    }
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                m[u] = mx, l[u] = sum;
-            }
-            /* O = P V: P's score tiles 2k, 2k + 1 are the A fragment of key step k; V by ldmatrix.trans */
+            for (int u = 0; u < 2; u++) l[u] = attn_softmax_row(sc, u, qlen[u] - j0, scale, c, &m[u]);
             float o[HD / 8][4];
 #pragma unroll
             for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                uint32_t ah[4], al[4];
-                split_half2(sc[2 * k][0], sc[2 * k][1], &ah[0], &al[0]);
-                split_half2(sc[2 * k][2], sc[2 * k][3], &ah[1], &al[1]);
-                split_half2(sc[2 * k + 1][0], sc[2 * k + 1][1], &ah[2], &al[2]);
-                split_half2(sc[2 * k + 1][2], sc[2 * k + 1][3], &ah[3], &al[3]);
-                const __half *vrow =
-                    Vs + (16 * k + ((lane >> 3) & 1) * 8 + (lane & 7)) * VP + (lane >> 4) * 8;
-#pragma unroll
-                for (int n = 0; n < HD / 16; n++) {
-                    uint32_t b0, b1, b2, b3;
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                                 : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                                 : "r"((unsigned)__cvta_generic_to_shared(vrow + 16 * n)));
-                    mma_f16(o[2 * n], ah[0], ah[1], ah[2], ah[3], b0, b1);
-                    mma_f16(o[2 * n], al[0], al[1], al[2], al[3], b0, b1);
-                    mma_f16(o[2 * n + 1], ah[0], ah[1], ah[2], ah[3], b2, b3);
-                    mma_f16(o[2 * n + 1], al[0], al[1], al[2], al[3], b2, b3);
-                }
-            }
+            attn_pv<HD>(sc, Vs, lane, o);
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 if (qlen[u] <= j0) continue; /* past the row's length (or no row): the merge skips it */
@@ -271,39 +173,30 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     if (!waited) pdl_wait();
 }
 
-/* grid (n_heads, T), hd threads: merge the splits in split order, then quantise the head's hd outputs (one
- * Q8_0 block per warp) into fragment order (xq != NULL), or store them as f32 rows of out. Smem: the splits'
- * maxima and sums. */
+/* grid (n_heads, T), hd threads: fold the splits in split order (attn_fold_weights, as the one-pass kernel
+ * does), then quantise the head's hd outputs (one Q8_0 block per warp) into fragment order (xq != NULL), or
+ * store them as f32 rows of out. */
 __global__ void k_attn_combine(int n_heads, int hd, const int *pos, int causal, int max_splits,
                                const float *part, int8_t *xq, float *xd, float *out) {
-    extern __shared__ float cs[];
     pdl_trigger();
     pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, NB = n_heads * hd / 32;
     const int len = causal ? *pos + t + 1 : *pos + 1, ns = (len + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
     const float *pr = part + ((size_t)t * n_heads + h) * max_splits * (hd + 2);
-    float *ms = cs, *ls = cs + max_splits;
-    for (int s = i; s < ns; s += blockDim.x) {
-        ms[s] = pr[(size_t)s * (hd + 2) + hd];
-        ls[s] = pr[(size_t)s * (hd + 2) + hd + 1];
+    float M = -INFINITY, L = 0.0f, o = 0.0f;
+#pragma unroll 4
+    for (int s = 0; s < ns; s++, pr += hd + 2) {
+        const float2 w = attn_fold_weights(&M, &L, pr[hd], pr[hd + 1]);
+        o = attn_fold(o, pr[i], w);
     }
-    __syncthreads();
-    float M = -INFINITY;
-    for (int s = 0; s < ns; s++) M = fmaxf(M, ms[s]);
-    float L = 0.f, o = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < ns; s++) {
-        const float w = expf(ms[s] - M);
-        L = __fmaf_rn(ls[s], w, L);
-        o = __fmaf_rn(pr[(size_t)s * (hd + 2) + i], w, o);
-    }
+    const float y = __fdiv_rn(o, L);
     const int k = h * hd + i;
     if (!xq) {
-        out[(size_t)t * n_heads * hd + k] = o / L;
+        out[(size_t)t * n_heads * hd + k] = y;
         return;
     }
     float d;
-    xq[frag_off(t, k, NB)] = quant_lane(o / L, &d);
+    xq[frag_off(t, k, NB)] = quant_lane(y, &d);
     if ((i & 31) == 0) xd[frag_d(t, k / 32, NB)] = d;
 }
 
@@ -313,20 +206,8 @@ typedef void (*attn_kernel)(const float *, int, int, int, const __half *, const 
                             int, float *);
 
 static attn_kernel attn_pick(int hd) {
-    switch (hd) {
-    case 16:
-        return k_attn_split<16>;
-    case 32:
-        return k_attn_split<32>;
-    case 64:
-        return k_attn_split<64>;
-    case 128:
-        return k_attn_split<128>;
-    case 256:
-        return k_attn_split<256>;
-    default:
-        return NULL;
-    }
+    return attn_by_hd<attn_kernel>(hd,
+                                   [](auto c) -> attn_kernel { return k_attn_split<decltype(c)::value>; });
 }
 
 int fmc_attn_head_dim_ok(int hd) {
@@ -338,17 +219,25 @@ int fmc_attn_init(void) {
         if (cudaFuncSetAttribute(attn_pick(hd), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)attn_smem(hd)) != cudaSuccess)
             return -1;
-    return 0;
+    return attn_prefill_init();
 }
 
+/* Verify blocks and steps on the split kernel; longer causal chunks (prefill) in one pass (the same bits),
+ * the output then quantised by the activation quantiser (part holds T x n_heads x hd floats for it; it rounds
+ * as the merge's quant_lane does). */
 static void attention(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                       const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
                       int8_t *xq, float *xd, float *out, int pdl, cudaStream_t s) {
+    if (causal && T > FMC_ATT_SPLIT_MAX_T && fmc_attn_prefill_fits(n_heads, n_kv, hd)) {
+        attn_prefill(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, xq ? part : out, pdl, s);
+        if (xq) fmc_q8_quant(part, n_heads * hd, NULL, 0.0f, n_heads * hd, T, xq, xd, pdl, s);
+        return;
+    }
     const int sb = max_splits < ATT_SPLIT_BLOCKS ? max_splits : ATT_SPLIT_BLOCKS;
     const int rows = ATT_QROWS / (n_heads / n_kv);
     fmc_launch(attn_pick(hd), dim3(sb, n_kv, (T + rows - 1) / rows), dim3(ATT_WARPS * 32), attn_smem(hd), s,
                pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos, causal, max_splits, part);
-    fmc_launch(k_attn_combine, dim3(n_heads, T), dim3(hd), (size_t)2 * max_splits * sizeof(float), s, pdl,
+    fmc_launch(k_attn_combine, dim3(n_heads, T), dim3(hd), 0, s, pdl,
                n_heads, hd, pos, causal, max_splits, (const float *)part, xq, xd, out);
 }
 

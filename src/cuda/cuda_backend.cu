@@ -409,7 +409,13 @@ static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, in
     DALLOC(b->q, (size_t)R * b->q_dim * 4);
     DALLOC(b->feat, (size_t)R * (b->fw ? b->fw : 1) * 4);
     DALLOC(b->logits, (size_t)R * b->vocab * 4);
-    DALLOC(b->part, (size_t)R * b->n_heads * b->max_splits * (b->hd + 2) * 4);
+    /* Attention scratch: the split kernel's partial results for up to FMC_ATT_SPLIT_MAX_T rows (longer
+     * launches take the one-pass kernel, whose f32 output [T][q_dim] goes here before its quantisation),
+     * or for every row when the one-pass kernel does not take these heads. */
+    const size_t split_rows =
+        fmc_attn_prefill_fits(b->n_heads, b->n_kv, b->hd) ? std::min(R, (int)FMC_ATT_SPLIT_MAX_T) : R;
+    DALLOC(b->part,
+           std::max(split_rows * b->n_heads * b->max_splits * (b->hd + 2), (size_t)R * b->q_dim) * 4);
     const size_t R8 = (size_t)(R + 7) / 8 * 8; /* quantised activations come in groups of 8 tokens */
     DALLOC(b->xq0, R8 * b->maxK);
     DALLOC(b->xd0, R8 * (b->maxK / 32) * 4);

@@ -145,6 +145,13 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
 #define FMC_ATT_SPLIT 64
 /* The most query heads per KV head the attention kernels take (a block holds at least one row of them). */
 #define FMC_ATT_MAX_GROUP 128
+/* Causal launches of more rows than this (prefill chunks) run a one-pass kernel when fmc_attn_prefill_fits
+ * (at most 32 query heads per KV head, heads of at most 128 dimensions): the same bits as the split kernel
+ * (cuda_attn.cuh says how), without its partial results, which grow with T x context (H200, context ~600:
+ * 128 rows 46 us a layer split against 51 one-pass, 256 rows 99 against 61, with an earlier one-pass kernel
+ * that rescaled as it went). */
+#define FMC_ATT_SPLIT_MAX_T 64
+int fmc_attn_prefill_fits(int n_heads, int n_kv, int hd);
 /* Whether the attention kernels take heads of hd dimensions (16, 32, 64, 128 or 256). */
 int fmc_attn_head_dim_ok(int hd);
 void fmc_attention_quant(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,

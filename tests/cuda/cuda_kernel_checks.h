@@ -286,10 +286,14 @@ static void kc_run_all(void) {
     kc_check_attention(8, 32, 8, 128, 60, 1, 19);   /* rows cross the 64-key boundary */
     kc_check_attention(17, 32, 8, 128, 511, 1, 20); /* first row at a split's last key */
     kc_check_attention(40, 32, 8, 128, 90, 1, 21);  /* 40 rows: two row groups of 32 */
-    /* prefill chunks: partial row groups, many splits */
+    kc_check_attention(64, 32, 8, 128, 90, 1, 27);  /* the split kernel's longest launch */
+    /* prefill chunks (the one-pass kernel from 65 rows): partial row groups, many splits, masks inside a
+     * split; every row == a 1-row launch on the split kernel */
     kc_check_attention(130, 32, 8, 128, 700, 1, 28);
     kc_check_attention(256, 32, 8, 128, 0, 1, 29);
     kc_check_attention(67, 4, 2, 32, 5, 1, 30);
+    kc_check_attention(65, 32, 8, 128, 0, 1, 31);
+    kc_check_attention(80, 8, 8, 256, 40, 1, 32); /* 256-dim heads: the split kernel throughout */
     kc_check_attention(17, 4, 2, 32, 23, 1, 22);
     kc_check_attention(16, 4, 4, 16, 130, 0, 23); /* the drafter's cross-attention: no mask, G = 1 */
     kc_check_attention(16, 16, 16, 128, 300, 0, 24);

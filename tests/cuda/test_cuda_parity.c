@@ -203,6 +203,51 @@ static void q8_drafter_checks(qwen3_model *m, fm_pool *pool, qwen3_state *cs, co
     fm_drafter_free(dq);
 }
 
+/* A prompt chunk's rows == the rows steps give, bit for bit, prompt-sized chunks included (the wide product
+ * kernel and the one-pass attention from 65 rows): the server's prompt cache keeps KV rows whatever batch
+ * computed them. A 150-row eval is the reference; then 100 rows in one eval followed by 50 steps, and 150
+ * steps, must give its logits. */
+static void check_prompt_rows_equal_steps(qwen3_model *m, fm_drafter *d, int n_ctx, const int *cap, int ncap,
+                                          int tied, uint64_t seed) {
+    enum { NR = 150, NA = 100 };
+    char err[512] = "";
+    fm_cuda_backend *gb = NULL;
+    if (fm_cuda_backend_create(m, d, n_ctx, NR, cap, ncap, &gb, err, sizeof err)) {
+        CHECK(0, "backend for %d-row evals: %s", NR, err);
+        return;
+    }
+    fm_decode_backend G = fm_cuda_backend_ops(gb);
+    const int V = m->hp.vocab;
+    int32_t ids[NR], am[NR], one;
+    uint64_t r = seed * 11 + 5;
+    for (int i = 0; i < NR; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((r >> 33) % (uint64_t)V);
+    }
+    float *ref = malloc(sizeof(float) * NR * V), *row = malloc(sizeof(float) * NA * V);
+    int rc = G.eval(G.ctx, ids, NR, 1, am, err, sizeof err) || fm_cuda_debug_logits(gb, ref, NR);
+    int chunk_then_steps = 1, steps = 1;
+    G.reset(G.ctx);
+    rc |= G.eval(G.ctx, ids, NA, 1, am, err, sizeof err) || fm_cuda_debug_logits(gb, row, NA);
+    chunk_then_steps &= !memcmp(row, ref, sizeof(float) * NA * V);
+    for (int t = NA; t < NR; t++) {
+        rc |= G.eval(G.ctx, ids + t, 1, 0, &one, err, sizeof err) || fm_cuda_debug_logits(gb, row, 1);
+        chunk_then_steps &= !memcmp(row, ref + (size_t)t * V, sizeof(float) * V);
+    }
+    G.reset(G.ctx);
+    for (int t = 0; t < NR; t++) {
+        rc |= G.eval(G.ctx, ids + t, 1, 0, &one, err, sizeof err) || fm_cuda_debug_logits(gb, row, 1);
+        steps &= !memcmp(row, ref + (size_t)t * V, sizeof(float) * V);
+    }
+    if (rc) printf("prompt rows error: %s\n", err);
+    CHECK(!rc && chunk_then_steps,
+          "tied=%d a %d-row chunk then %d steps == the rows of one %d-row chunk, bit for bit", tied, NA,
+          NR - NA, NR);
+    CHECK(!rc && steps, "tied=%d %d single steps == the rows of one %d-row chunk, bit for bit", tied, NR, NR);
+    free(ref), free(row);
+    fm_cuda_backend_free(gb);
+}
+
 static void one_model(const char *dir, int tied, uint64_t seed) {
     char err[512] = "", tpath[512], dpath[512];
     snprintf(tpath, sizeof tpath, "%s/tiny_%d.gguf", dir, tied);
@@ -454,6 +499,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     snprintf(label, sizeof label, "tied=%d", tied);
     check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 5, label);
     q8_drafter_checks(m, pool, cs, dpath, n_ctx, cap, ncap, prompt, NP, tied, ig, ng);
+    check_prompt_rows_equal_steps(m, d, n_ctx, cap, ncap, tied, seed);
     free(ic);
     free(ig);
     free(gl);
