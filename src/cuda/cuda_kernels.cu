@@ -21,6 +21,18 @@ int fmc_init(void) {
                : -1;
 }
 
+int fmc_sm_count(void) {
+    static int n;
+    if (!n) {
+        int dev = 0, v = 0;
+        n = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0
+                ? v
+                : 132;
+    }
+    return n;
+}
+
 /* Sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result. */
 static __device__ double block_sum_d(double v) {
     __shared__ double sh[32];

@@ -59,6 +59,9 @@ void fmc_split_scratch(const fmc_split *sp, int N, size_t *part_floats, int *cou
 
 /* Sets the kernels' shared-memory limits; once per process, before any launch. */
 int fmc_init(void);
+/* The current device's streaming multiprocessors (132 on an H200), read once: the work splits are sized by
+ * it. */
+int fmc_sm_count(void);
 
 /* Launches k with an optional programmatic-dependent-launch attribute. */
 template <typename... P, typename... A>

@@ -208,10 +208,10 @@ int q8_wide_init(void) {
     return bad ? -1 : 0;
 }
 
-/* 64 tokens a block when that still gives two blocks per SM (an H200 has 132), else 32. */
+/* 64 tokens a block when that still gives two blocks per SM, else 32 (the same results either way). */
 void q8_wide_run(const fmc_q8 *w, const q8_args &a, int mode, int pdl, cudaStream_t s) {
     const unsigned groups = (unsigned)((w->N + 15) / 16 + QW_TILES - 1) / QW_TILES;
-    const bool big = groups * (unsigned)((a.T + 63) / 64) >= 2 * 132;
+    const bool big = groups * (unsigned)((a.T + 63) / 64) >= 2 * (unsigned)fmc_sm_count();
     const dim3 grid((unsigned)((a.T + (big ? 63 : 31)) / (big ? 64 : 32)), groups);
 #define X(m)                                                                                                 \
     if (mode == m) {                                                                                         \
