@@ -4,6 +4,10 @@
 #
 #   bench/build_llamacpp.sh SRC_DIR [BUILD_DIR] [--with-cli]
 #       SRC_DIR: a llama.cpp checkout (git clone, git worktree, or an unpacked archive).
+#   bench/build_llamacpp.sh --cuda SRC_DIR [BUILD_DIR]
+#       llama-bench with the CUDA backend instead (for scripts/device_run.sh llama: copy the binary into
+#       .devdeps/bin), for CUDA_ARCH (default 90a, the H100 / H200), GGML_NATIVE=OFF (the GPU machine's CPU is
+#       not this one), static; BUILD_DIR defaults to SRC_DIR/build-flashmap-cuda.
 #   bench/build_llamacpp.sh --from-pypi SRC_DIR [BUILD_DIR] [--with-cli]
 #       First unpacks the llama.cpp that PyPI's llama-cpp-python sdist vendors into SRC_DIR (pip download;
 #       used where GitHub cannot be reached) and records the upstream commit its CHANGELOG names.
@@ -13,15 +17,17 @@
 # llama-bench (on a line "llama-bench: PATH"). Invariant: nothing is written inside the flashmap repository.
 set -euo pipefail
 
-usage() { echo "usage: $0 [--from-pypi] SRC_DIR [BUILD_DIR] [--with-cli]" >&2; exit 2; }
+usage() { echo "usage: $0 [--from-pypi] [--cuda] SRC_DIR [BUILD_DIR] [--with-cli]" >&2; exit 2; }
 
 from_pypi=0
 with_cli=0
+cuda=0
 args=()
 for a in "$@"; do
   case "$a" in
     --from-pypi) from_pypi=1 ;;
     --with-cli) with_cli=1 ;;
+    --cuda) cuda=1 ;;
     -h|--help) usage ;;
     -*) echo "$0: unknown option $a" >&2; usage ;;
     *) args+=("$a") ;;
@@ -29,7 +35,7 @@ for a in "$@"; do
 done
 [ "${#args[@]}" -ge 1 ] || usage
 src="${args[0]}"
-build="${args[1]:-$src/build-flashmap}"
+build="${args[1]:-$src/build-flashmap$([ "$cuda" = 1 ] && echo -cuda)}"
 jobs="${JOBS:-2}"
 
 if [ "$from_pypi" = 1 ]; then
@@ -63,6 +69,18 @@ elif [ -f "$src/.flashmap-llama-commit" ]; then
 else
   commit="unknown (not a git checkout)"
   commit_short="unknown"
+fi
+
+if [ "$cuda" = 1 ]; then
+  cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90a}" -DGGML_CUDA_FA_ALL_QUANTS=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_COMMIT="$commit_short" >&2
+  cmake --build "$build" --config Release -j "$jobs" --target llama-bench >&2
+  echo "llama.cpp commit: $commit"
+  echo "llama.cpp build: $build (Release, CUDA sm_${CUDA_ARCH:-90a}, static)"
+  echo "llama-bench: $build/bin/llama-bench"
+  exit 0
 fi
 
 targets=(llama-bench llama-simple)

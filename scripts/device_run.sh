@@ -3,7 +3,7 @@
 # libcurl, no libcrypto: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc
 # come from the carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
 # the full-size benchmark, the persistent-kernel probe and the PyTorch peer.
-# usage: scripts/device_run.sh [parity|sanitize|bench|probe|peer]...
+# usage: scripts/device_run.sh [parity|sanitize|bench|probe|peer|llama]...
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${BUILD:-/tmp/fmb}
@@ -56,6 +56,15 @@ for step in "$@"; do
     bench) "$B/bench_cuda" "$WORK" 2>&1 | tee "$OUT/bench.log" ;;
     probe) "$B/persistent_probe" 5 2>&1 | tee "$OUT/probe.log" ;;
     peer) PYTHONUNBUFFERED=1 python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 | tee "$OUT/peer.log" ;;
+    # llama.cpp's CUDA build on the GGUF that bench synthesized (run bench first): prefill 512 and 128 decode
+    # steps after a 512-token context, as bench_cuda measures ours. LLAMA_BENCH, or a carried
+    # .devdeps/bin/llama-bench, built by `bench/build_llamacpp.sh --cuda SRC_DIR` (here or on the workstation).
+    llama) LB=${LLAMA_BENCH:-$DEPS/bin/llama-bench}
+           if [ -x "$LB" ] && [ -f "$WORK/qwen3-4b-q8_0.gguf" ]; then
+             "$LB" -m "$WORK/qwen3-4b-q8_0.gguf" -ngl 99 -fa 0,1 -p 512 -n 0 -r 5 2>&1 | tee "$OUT/llama.log"
+             "$LB" -m "$WORK/qwen3-4b-q8_0.gguf" -ngl 99 -fa 0,1 -p 0 -n 128 -d 512 -r 5 2>&1 \
+               | tee -a "$OUT/llama.log"
+           else echo "llama: no llama-bench ($LB) or no synthesized GGUF (run bench first)"; fi ;;
   esac
   echo "== $step done at $(( $(date +%s) - t0 )) s"
 done
