@@ -237,8 +237,8 @@ static void attention(const float *q, int T, int n_heads, int n_kv, int hd, cons
     const int rows = ATT_QROWS / (n_heads / n_kv);
     fmc_launch(attn_pick(hd), dim3(sb, n_kv, (T + rows - 1) / rows), dim3(ATT_WARPS * 32), attn_smem(hd), s,
                pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos, causal, max_splits, part);
-    fmc_launch(k_attn_combine, dim3(n_heads, T), dim3(hd), 0, s, pdl,
-               n_heads, hd, pos, causal, max_splits, (const float *)part, xq, xd, out);
+    fmc_launch(k_attn_combine, dim3(n_heads, T), dim3(hd), 0, s, pdl, n_heads, hd, pos, causal, max_splits,
+               (const float *)part, xq, xd, out);
 }
 
 void fmc_attention_quant(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
@@ -249,7 +249,7 @@ void fmc_attention_quant(const float *q, int T, int n_heads, int n_kv, int hd, c
 
 void fmc_attention_f32(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                        const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
-                       float *out, cudaStream_t s) {
-    attention(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, causal, max_splits, part, NULL, NULL, out, 0,
+                       float *out, int pdl, cudaStream_t s) {
+    attention(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, causal, max_splits, part, NULL, NULL, out, pdl,
               s);
 }

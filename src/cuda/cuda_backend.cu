@@ -674,7 +674,7 @@ static void dmm(fm_cuda_backend *b, const dmat_t *w, const float *x, int ldx, in
 static const float *ln_mod(fm_cuda_backend *b, const dmat_t *w, const float *m, int T, int pdl) {
     const int D = b->dhp.dim;
     if (!w->is_q8) {
-        fmc_ln_mod_rows(b->dx, m, m + D, T, D, b->dhp.ln_eps, b->dh, b->st);
+        fmc_ln_mod_rows(b->dx, m, m + D, T, D, b->dhp.ln_eps, b->dh, pdl, b->st);
         return b->dh;
     }
     fmc_ln_mod_quant(b->dx, m, m + D, T, D, b->dhp.ln_eps, b->dh, b->dxq, b->dxd, pdl, b->st);
@@ -698,13 +698,13 @@ static int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start
     for (int c = 0; c < n; c += DRAFT_ROWS) {
         const int T = std::min((int)DRAFT_ROWS, n - c), p0 = start + c;
         dmm(b, &b->fc, src + (size_t)c * b->fw, b->fw, T, b->dx, D, NULL, FMC_BF16_STORE, NULL, 0);
-        fmc_rmsnorm_rows(b->dx, b->hidden_norm, T, D, hp->rms_eps, b->dh, s);
+        fmc_rmsnorm_rows(b->dx, b->hidden_norm, T, D, hp->rms_eps, b->dh, 0, s);
         const int KW = 2 * D * hp->n_layers;
         dmm(b, &b->ckv, b->dh, D, T, b->dkv, KW, NULL, FMC_BF16_STORE, NULL, 0);
         for (int l = 0; l < hp->n_layers; l++) {
             float *kv = b->dkv + (size_t)l * 2 * D;
-            fmc_dr_norm_rope(kv, KW, T, hp->n_heads, hp->head_dim, b->DL[l].ck_norm, hp->qk_eps, NULL, p0,
-                             b->inv_freq, kv + D, b->DL[l].kc, b->DL[l].vc, s);
+            fmc_dr_norm_rope(kv, KW, T, hp->n_heads, hp->head_dim, b->DL[l].ck_norm, NULL, hp->qk_eps, NULL,
+                             p0, b->inv_freq, kv + D, b->DL[l].kc, b->DL[l].vc, 0, s);
         }
     }
     CK(cudaGetLastError());
@@ -747,36 +747,35 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
     /* 1. The anchor's context slot at pos. */
     fmc_embed_q8(&b->tok, b->d_anchor, 1, b->dtmp, s);
     dmm(b, &b->anchor_proj, b->dtmp, H, 1, b->dx, D, b->anchor_b, FMC_BF16_STORE, NULL, pdl);
-    fmc_rmsnorm_rows(b->dx, b->anchor_norm, 1, D, hp->rms_eps, b->dh, s);
+    fmc_rmsnorm_rows(b->dx, b->anchor_norm, 1, D, hp->rms_eps, b->dh, pdl, s);
     const int KW = 2 * D * hp->n_layers;
     dmm(b, &b->ckv, b->dh, D, 1, b->dkv, KW, NULL, FMC_BF16_STORE, NULL, pdl);
     for (int l = 0; l < hp->n_layers; l++) {
         float *kv = b->dkv + (size_t)l * 2 * D;
-        fmc_dr_norm_rope(kv, KW, 1, nh, hd, b->DL[l].ck_norm, hp->qk_eps, b->d_dpos, 0, b->inv_freq, kv + D,
-                         b->DL[l].kc, b->DL[l].vc, s);
+        fmc_dr_norm_rope(kv, KW, 1, nh, hd, b->DL[l].ck_norm, NULL, hp->qk_eps, b->d_dpos, 0, b->inv_freq,
+                         kv + D, b->DL[l].kc, b->DL[l].vc, pdl, s);
     }
     /* 2. Slots at pos+1 .. pos+K from slot_input. 3. The layers. */
-    fmc_broadcast_row(b->slot_input, K, D, b->dx, s);
+    fmc_broadcast_row(b->slot_input, K, D, b->dx, pdl, s);
     for (int l = 0; l < hp->n_layers; l++) {
         const ddlayer_t *L = &b->DL[l];
         const float *m = mod_at(b, l * 3 + 0);
         const float *in = ln_mod(b, &L->sqkv, m, K, pdl);
         dmm(b, &L->sqkv, in, D, K, b->dqkv, 3 * D, NULL, FMC_BF16_STORE, NULL, pdl);
-        fmc_dr_norm_rope(b->dqkv, 3 * D, K, nh, hd, L->sq_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL,
-                         NULL, NULL, s);
-        fmc_dr_norm_rope(b->dqkv + D, 3 * D, K, nh, hd, L->sk_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq,
-                         NULL, NULL, NULL, s);
+        /* queries and keys in one launch */
+        fmc_dr_norm_rope(b->dqkv, 3 * D, K, nh, hd, L->sq_norm, L->sk_norm, hp->qk_eps, b->d_dpos, 1,
+                         b->inv_freq, NULL, NULL, NULL, pdl, s);
         fmc_dr_attention(b->dqkv, 3 * D, K, b->dqkv + D, b->dqkv + 2 * D, 3 * D, NULL, NULL, NULL, K, K, nh,
-                         hd, b->datt, s);
+                         hd, b->datt, pdl, s);
         dmm(b, &L->so, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
 
         m = mod_at(b, l * 3 + 1);
         in = ln_mod(b, &L->cq, m, K, pdl);
         dmm(b, &L->cq, in, D, K, b->dqkv, D, NULL, FMC_BF16_STORE, NULL, pdl);
-        fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL, NULL,
-                         NULL, s);
+        fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, NULL, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL,
+                         NULL, NULL, pdl, s);
         fmc_attention_f32(b->dqkv, K, nh, nh, hd, L->kc, L->vc, b->d_dpos, 0, b->dsplits, b->dpart, b->datt,
-                          s);
+                          pdl, s);
         dmm(b, &L->co, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
 
         m = mod_at(b, l * 3 + 2);

@@ -192,6 +192,6 @@ extern "C" int fm_cuda_debug_attention(const float *q, int T, int n_heads, int n
     int *dpos = (int *)d.up(&pos, sizeof pos);
     float *part = (float *)d.up(NULL, (size_t)T * n_heads * splits * (hd + 2) * 4);
     if (!dq || !dout || !dk || !dv || !dpos || !part) return -1;
-    fmc_attention_f32(dq, T, n_heads, n_kv, hd, dk, dv, dpos, causal, splits, part, dout, 0);
+    fmc_attention_f32(dq, T, n_heads, n_kv, hd, dk, dv, dpos, causal, splits, part, dout, 0, 0);
     return read_back(out, dout, qn * 4);
 }

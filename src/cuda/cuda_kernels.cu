@@ -115,6 +115,7 @@ void fmc_argmax(const float *x, int T, int n, unsigned long long *out, int pdl, 
 
 __global__ void k_rmsnorm_rows(const float *x, const float *w, int n, float eps, float *y) {
     pdl_trigger();
+    pdl_wait();
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
     double ss = 0;
@@ -124,13 +125,15 @@ __global__ void k_rmsnorm_rows(const float *x, const float *w, int n, float eps,
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * (w[i] * r);
 }
 
-void fmc_rmsnorm_rows(const float *x, const float *w, int T, int n, float eps, float *y, cudaStream_t s) {
-    k_rmsnorm_rows<<<T, 256, 0, s>>>(x, w, n, eps, y);
+void fmc_rmsnorm_rows(const float *x, const float *w, int T, int n, float eps, float *y, int pdl,
+                      cudaStream_t s) {
+    fmc_launch(k_rmsnorm_rows, dim3(T), dim3(256), 0, s, pdl, x, w, n, eps, y);
 }
 
 __global__ void k_ln_mod_rows(const float *x, const float *scale, const float *shift, int n, float eps,
                               float *y) {
     pdl_trigger();
+    pdl_wait();
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
     double su = 0;
@@ -145,22 +148,32 @@ __global__ void k_ln_mod_rows(const float *x, const float *scale, const float *s
 }
 
 void fmc_ln_mod_rows(const float *x, const float *scale, const float *shift, int T, int n, float eps,
-                     float *y, cudaStream_t s) {
-    k_ln_mod_rows<<<T, 256, 0, s>>>(x, scale, shift, n, eps, y);
+                     float *y, int pdl, cudaStream_t s) {
+    fmc_launch(k_ln_mod_rows, dim3(T), dim3(256), 0, s, pdl, x, scale, shift, n, eps, y);
 }
 
-__global__ void k_dr_norm_rope(float *x, int ld, int hd, const float *w, float eps, const int *dpos, int pos0,
-                               const float *inv_freq, const float *v, __half *kc, __half *vc, int D) {
+/* grid (T, n_heads or 2 n_heads with w2: blocks of the second set take the heads after the first). */
+__global__ void k_dr_norm_rope(float *x, int ld, int hd, const float *w, const float *w2, float eps,
+                               const int *dpos, int pos0, const float *inv_freq, const float *v, __half *kc,
+                               __half *vc, int D) {
     pdl_trigger();
-    const int t = blockIdx.x, h = blockIdx.y, half = hd / 2, p0 = pos0 + (dpos ? *dpos : 0);
-    float *r = x + (size_t)t * ld + h * hd;
+    pdl_wait();
+    const int set = blockIdx.y * hd >= D, t = blockIdx.x, h = blockIdx.y - set * (D / hd), half = hd / 2;
+    const int p0 = pos0 + (dpos ? *dpos : 0);
+    if (set) w = w2;
+    float *r = x + (size_t)t * ld + set * D + h * hd;
     double ss = 0;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += (double)r[i] * r[i];
+    /* x and v may come from further back than the kernel before (the context's layers): through L2 */
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        const double xi = __ldcg(r + i);
+        ss += xi * xi;
+    }
     ss = block_sum_d(ss);
     const float rs = (float)(1.0 / sqrt(ss / hd + eps));
     const float pf = (float)(p0 + t);
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float a0 = r[2 * i] * (w[2 * i] * rs), a1 = r[2 * i + 1] * (w[2 * i + 1] * rs);
+        const float a0 = __ldcg(r + 2 * i) * (w[2 * i] * rs),
+                    a1 = __ldcg(r + 2 * i + 1) * (w[2 * i + 1] * rs);
         const float ang = pf * inv_freq[i];
         const float c = (float)cos((double)ang), sn = (float)sin((double)ang);
         const float o0 = a0 * c - a1 * sn, o1 = a1 * c + a0 * sn;
@@ -174,16 +187,16 @@ __global__ void k_dr_norm_rope(float *x, int ld, int hd, const float *w, float e
     }
     if (kc)
         for (int i = threadIdx.x; i < hd; i += blockDim.x)
-            vc[(size_t)(p0 + t) * D + h * hd + i] = __float2half_rn(v[(size_t)t * ld + h * hd + i]);
+            vc[(size_t)(p0 + t) * D + h * hd + i] = __float2half_rn(__ldcg(v + (size_t)t * ld + h * hd + i));
 }
 
-void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, float eps,
-                      const int *dpos, int pos0, const float *inv_freq, const float *v, __half *k_cache,
-                      __half *v_cache, cudaStream_t s) {
-    dim3 grid(T, n_heads);
+void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, const float *w2,
+                      float eps, const int *dpos, int pos0, const float *inv_freq, const float *v,
+                      __half *k_cache, __half *v_cache, int pdl, cudaStream_t s) {
+    const dim3 grid(T, w2 ? 2 * n_heads : n_heads);
     /* Each thread reads exactly the pair it writes, so the in-place update needs no barrier. */
-    k_dr_norm_rope<<<grid, 64, 0, s>>>(x, ld, hd, w, eps, dpos, pos0, inv_freq, v, k_cache, v_cache,
-                                       n_heads * hd);
+    fmc_launch(k_dr_norm_rope, grid, dim3(64), 0, s, pdl, x, ld, hd, w, w2, eps, dpos, pos0, inv_freq, v,
+               k_cache, v_cache, n_heads * hd);
 }
 
 /* grid (n_heads, T), 128 threads: scores of all L keys in shared memory (L read from the device so that a
@@ -193,18 +206,20 @@ __global__ void k_dr_attention(const float *q, int ldq, const float *kf, const f
                                float *o) {
     extern __shared__ float dsh[];
     pdl_trigger();
+    pdl_wait(); /* q and k come from the kernel before; v from further back: read through L2 (__ldcg) */
     float *qs = dsh, *sc = dsh + hd;
     const int h = blockIdx.x, t = blockIdx.y, D = n_heads * hd, L = L0 + (dL ? *dL : 0);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(size_t)t * ldq + h * hd + i];
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = __ldcg(q + (size_t)t * ldq + h * hd + i);
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)hd);
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int j = wi; j < L; j += nw) {
         float dot = 0.f;
         if (kf)
-            for (int i = lane; i < hd; i += 32) dot += qs[i] * kf[(size_t)j * ldkv + h * hd + i];
+            for (int i = lane; i < hd; i += 32) dot += qs[i] * __ldcg(kf + (size_t)j * ldkv + h * hd + i);
         else
-            for (int i = lane; i < hd; i += 32) dot += qs[i] * __half2float(kh[(size_t)j * D + h * hd + i]);
+            for (int i = lane; i < hd; i += 32)
+                dot += qs[i] * __half2float(__ldcg(kh + (size_t)j * D + h * hd + i));
         dot = warp_sum(dot);
         if (lane == 0) sc[j] = dot * scale;
     }
@@ -223,27 +238,29 @@ __global__ void k_dr_attention(const float *q, int ldq, const float *kf, const f
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float acc = 0.f;
         if (vf)
-            for (int j = 0; j < L; j++) acc += sc[j] * vf[(size_t)j * ldkv + h * hd + i];
+            for (int j = 0; j < L; j++) acc += sc[j] * __ldcg(vf + (size_t)j * ldkv + h * hd + i);
         else
-            for (int j = 0; j < L; j++) acc += sc[j] * __half2float(vh[(size_t)j * D + h * hd + i]);
+            for (int j = 0; j < L; j++) acc += sc[j] * __half2float(__ldcg(vh + (size_t)j * D + h * hd + i));
         o[(size_t)t * D + h * hd + i] = acc * inv;
     }
 }
 
 void fmc_dr_attention(const float *q, int ldq, int T, const float *kf, const float *vf, int ldkv,
                       const __half *kh, const __half *vh, const int *dL, int L0, int Lmax, int n_heads,
-                      int hd, float *o, cudaStream_t s) {
+                      int hd, float *o, int pdl, cudaStream_t s) {
     /* With dL, shared memory for Lmax keys, so that the launch does not depend on the position. */
     const size_t shm = (size_t)(hd + (dL ? Lmax : L0)) * sizeof(float);
     dim3 grid(n_heads, T);
-    k_dr_attention<<<grid, 128, shm, s>>>(q, ldq, kf, vf, ldkv, kh, vh, dL, L0, n_heads, hd, o);
+    fmc_launch(k_dr_attention, grid, dim3(128), shm, s, pdl, q, ldq, kf, vf, ldkv, kh, vh, dL, L0, n_heads,
+               hd, o);
 }
 
 __global__ void k_broadcast_row(const float *row, int n, float *x) {
     pdl_trigger();
+    pdl_wait(); /* x may still be read by the kernels before */
     for (int i = threadIdx.x; i < n; i += blockDim.x) x[(size_t)blockIdx.x * n + i] = row[i];
 }
 
-void fmc_broadcast_row(const float *row, int T, int n, float *x, cudaStream_t s) {
-    k_broadcast_row<<<T, 256, 0, s>>>(row, n, x);
+void fmc_broadcast_row(const float *row, int T, int n, float *x, int pdl, cudaStream_t s) {
+    fmc_launch(k_broadcast_row, dim3(T), dim3(256), 0, s, pdl, row, n, x);
 }

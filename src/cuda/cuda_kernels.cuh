@@ -164,7 +164,7 @@ void fmc_attention_quant(const float *q, int T, int n_heads, int n_kv, int hd, c
  * cross-attention: every row attends to keys 0 .. *pos). */
 void fmc_attention_f32(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                        const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
-                       float *out, cudaStream_t s);
+                       float *out, int pdl, cudaStream_t s);
 
 /* ---- argmax and the drafter's small kernels (cuda_kernels.cu) ---- */
 
@@ -174,25 +174,29 @@ void fmc_argmax(const float *x, int T, int n, unsigned long long *out, int pdl, 
 static inline int32_t fmc_argmax_index(unsigned long long p) {
     return p ? (int32_t)(0xffffffffu - (uint32_t)(p & 0xffffffffu)) : 0;
 }
+/* The drafter's small kernels take pdl as the products do (cuda_device.cuh): with pdl = 1 they may start
+ * before their predecessor is done and wait for it before touching its data. */
 /* y = x * (w / rms(x)) per row (double sums as the CPU reference). */
-void fmc_rmsnorm_rows(const float *x, const float *w, int T, int n, float eps, float *y, cudaStream_t s);
+void fmc_rmsnorm_rows(const float *x, const float *w, int T, int n, float eps, float *y, int pdl,
+                      cudaStream_t s);
 /* y = LN(x) * (1 + scale) + shift. */
 void fmc_ln_mod_rows(const float *x, const float *scale, const float *shift, int T, int n, float eps,
-                     float *y, cudaStream_t s);
+                     float *y, int pdl, cudaStream_t s);
 /* In place on x [T][ld] (heads at col 0): per-head RMSNorm w, interleaved RoPE (2i, 2i+1) at position
- * p0 + t, p0 = pos0 + (dpos ? *dpos : 0), angle (float)pos * inv_freq[i]. When k_cache != NULL the result
- * goes to k_cache rows p0 + t (f16, row stride n_heads*hd) instead, and v (same shape, stride ld) to v_cache.
- */
-void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, float eps,
-                      const int *dpos, int pos0, const float *inv_freq, const float *v, __half *k_cache,
-                      __half *v_cache, cudaStream_t s);
+ * p0 + t, p0 = pos0 + (dpos ? *dpos : 0), angle (float)pos * inv_freq[i]. With w2, a second set of n_heads
+ * heads right after the first (the keys after the queries) is done in the same launch with w2. When k_cache
+ * != NULL the result goes to k_cache rows p0 + t (f16, row stride n_heads*hd) instead, and v (same shape,
+ * stride ld) to v_cache. */
+void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, const float *w2,
+                      float eps, const int *dpos, int pos0, const float *inv_freq, const float *v,
+                      __half *k_cache, __half *v_cache, int pdl, cudaStream_t s);
 /* o[t][h] = softmax(q . k / sqrt(hd)) v over L = L0 + (dL ? *dL : 0) keys, no mask; K/V f32 (ld strides) or
  * f16 caches. With dL, L may be up to Lmax <= FMC_DR_ATT_MAX_L (shared memory is sized for Lmax). */
 #define FMC_DR_ATT_MAX_L 40000
 void fmc_dr_attention(const float *q, int ldq, int T, const float *kf, const float *vf, int ldkv,
                       const __half *kh, const __half *vh, const int *dL, int L0, int Lmax, int n_heads,
-                      int hd, float *o, cudaStream_t s);
+                      int hd, float *o, int pdl, cudaStream_t s);
 /* x[t] = row (broadcast). */
-void fmc_broadcast_row(const float *row, int T, int n, float *x, cudaStream_t s);
+void fmc_broadcast_row(const float *row, int T, int n, float *x, int pdl, cudaStream_t s);
 
 #endif

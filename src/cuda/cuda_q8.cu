@@ -192,13 +192,15 @@ void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, in
 /* ---- the product ---- */
 
 /* Bytes of one pipeline stage of a warp: the tile (512), its scale pairs and, per 8-token n-tile, the
- * activation fragments (32 lanes x 8; tokens past T zero-filled, not read) and the tokens' scales. Up to 16
- * tokens every lane keeps its own copy of the scales it needs (32 x 4 and 32 x 8 bytes); from 17 tokens the
+ * activation fragments (32 lanes x 8; tokens past T zero-filled, not read) and the tokens' scales. Up to 8
+ * tokens every lane keeps its own copy of the scales it needs (32 x 4 and 32 x 8 bytes); from 9 tokens the
  * scales are stored once (8 pairs, 8 floats per n-tile, "shared") and the lanes read them after a
  * __syncwarp, so a stage takes 832 instead of 2176 bytes at 17..24 tokens and 6 stages fit where 4 did
- * (measured on the H200: verify(17) 6.41 -> 5.72 ms; at 1..8 tokens the shared layout was no faster). */
+ * (measured on the H200: verify(17) 6.41 -> 5.72 ms), and 1120 instead of 1664 at 9..16 (the drafter's 16
+ * slots: fc1 20.2 -> 15.4 us, fc2 28.0 -> 22.8 us, a draft 1.213 -> 1.152 ms); at 1..8 tokens the shared
+ * layout was no faster. The same values and operations either way: the bits do not change. */
 __host__ __device__ constexpr bool q8_shared_scales(int NT) {
-    return NT >= 3;
+    return NT >= 2;
 }
 __host__ __device__ constexpr int q8_stage_bytes(int NT) {
     return q8_shared_scales(NT) ? 544 + 288 * NT : 640 + 512 * NT;
