@@ -87,6 +87,22 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
                fm_drafter_block(d), n_out, graphs ? "on" : "off", dt * 1e3, dt / step);
     }
     fm_cuda_debug_set_graphs(gb, 1);
+    /* Every verify size's graph captured before the timed generations, as a server has them after its
+     * first requests: otherwise the adaptive width (run first) pays the captures of the sizes it tries
+     * and the fixed widths after it find them made. The first uses, timed here, say what that costs. */
+    {
+        int32_t rows[64];
+        const int at = G->pos(G->ctx);
+        const double t0 = hx_now();
+        for (int T = 2; T <= G->block + 1; T++) {
+            if (G->eval(G->ctx, prompt, T, 1, rows, err, sizeof err))
+                return fprintf(stderr, "warm-up: %s\n", err), 1;
+            G->rewind(G->ctx, at);
+        }
+        fm_cuda_debug_sync();
+        printf("RESULT [%s] verify blocks of 2..%d rows once each, graphs not made yet captured: %.1f ms\n",
+               tag, G->block + 1, (hx_now() - t0) * 1e3);
+    }
     fm_generate_params p;
     fm_generate_stats st;
     int32_t *plain = NULL;
