@@ -87,22 +87,6 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
                fm_drafter_block(d), n_out, graphs ? "on" : "off", dt * 1e3, dt / step);
     }
     fm_cuda_debug_set_graphs(gb, 1);
-    /* Every verify size's graph captured before the timed generations, as a server has them after its
-     * first requests: otherwise the adaptive width (run first) pays the captures of the sizes it tries
-     * and the fixed widths after it find them made. The first uses, timed here, say what that costs. */
-    {
-        int32_t rows[64];
-        const int at = G->pos(G->ctx);
-        const double t0 = hx_now();
-        for (int T = 2; T <= G->block + 1; T++) {
-            if (G->eval(G->ctx, prompt, T, 1, rows, err, sizeof err))
-                return fprintf(stderr, "warm-up: %s\n", err), 1;
-            G->rewind(G->ctx, at);
-        }
-        fm_cuda_debug_sync();
-        printf("RESULT [%s] verify blocks of 2..%d rows once each, graphs not made yet captured: %.1f ms\n",
-               tag, G->block + 1, (hx_now() - t0) * 1e3);
-    }
     fm_generate_params p;
     fm_generate_stats st;
     int32_t *plain = NULL;
@@ -215,6 +199,10 @@ int main(int argc, char **argv) {
     if (fm_cuda_backend_create(m, d, n_ctx, CHUNK, cap, ncap, &gb, err, sizeof err))
         return fprintf(stderr, "cuda: %s\n", err), 1;
     printf("upload %.1f s\n", hx_now() - t0);
+    /* The backend captures the step's, every verify size's and the draft's graphs at creation, so the timed
+     * generations below (the adaptive width tries several sizes) pay no capture. */
+    printf("RESULT graph captures at backend creation (step, verify 2..%d, draft): %.1f ms\n",
+           fm_drafter_block(d) + 1, fm_cuda_debug_warm_ms(gb));
     char name[256];
     fm_cuda_debug_device_name(name, sizeof name);
     const double bw = fm_cuda_debug_copy_bandwidth((size_t)1 << 30, 20);

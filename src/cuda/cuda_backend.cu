@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
@@ -78,6 +79,7 @@ struct fm_cuda_backend {
     int last_logit_rows, last_rows;
     /* graphs, programmatic dependent launch */
     int use_graphs, use_pdl, n_graphs;
+    double warm_ms; /* the graphs captured at creation (warm_graphs) took this long */
     graph_t graphs[MAX_GRAPHS];
     cudaGraphExec_t draft_exec[2]; /* heads of 8 rows, of the whole block */
     /* drafter (has_drafter == 0: none) */
@@ -501,6 +503,8 @@ static int attach_scratch(fm_cuda_backend *b, char *err, size_t errlen) {
     return 0;
 }
 
+static int warm_graphs(fm_cuda_backend *b, char *err, size_t errlen);
+
 extern "C" int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d, int n_ctx, int max_eval,
                                       const int *capture, int n_capture, fm_cuda_backend **out, char *err,
                                       size_t errlen) {
@@ -525,7 +529,7 @@ extern "C" int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d,
         fm_cuda_backend_free(b);
         return -1;
     }
-    if (attach_scratch(b, err, errlen)) {
+    if (attach_scratch(b, err, errlen) || warm_graphs(b, err, errlen)) {
         fm_cuda_backend_free(b);
         return -1;
     }
@@ -590,17 +594,23 @@ static int capture(fm_cuda_backend *b, void (*fn)(fm_cuda_backend *, int, int), 
     return 0;
 }
 
+static const graph_t *find_graph(const fm_cuda_backend *b, int T, int mode) {
+    for (int i = 0; i < b->n_graphs; i++)
+        if (b->graphs[i].T == T && b->graphs[i].mode == mode) return &b->graphs[i];
+    return NULL;
+}
+
 static int run_forward(fm_cuda_backend *b, int T, int mode, char *err, size_t errlen) {
     if (!b->use_graphs || T > GRAPH_MAX_T) {
         target_forward(b, T, mode);
         CK(cudaGetLastError());
         return 0;
     }
-    for (int i = 0; i < b->n_graphs; i++)
-        if (b->graphs[i].T == T && b->graphs[i].mode == mode) {
-            CK(cudaGraphLaunch(b->graphs[i].exec, b->st));
-            return 0;
-        }
+    const graph_t *g = find_graph(b, T, mode);
+    if (g) {
+        CK(cudaGraphLaunch(g->exec, b->st));
+        return 0;
+    }
     cudaGraphExec_t ge;
     if (capture(b, target_forward, T, mode, &ge, err, errlen)) return -1;
     if (b->n_graphs < MAX_GRAPHS) b->graphs[b->n_graphs++] = (graph_t){T, mode, ge};
@@ -832,6 +842,29 @@ static int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out,
     return 0;
 }
 
+/* The graphs a decode uses, captured up front as vLLM does at start-up: a step, every verify block size (a
+ * speculative decode with the adaptive width tries several) and the draft's shapes. Each capture costs a few
+ * milliseconds that a first generation would otherwise pay inside its timed rounds. Captures record and
+ * run nothing. */
+static int warm_graphs(fm_cuda_backend *b, char *err, size_t errlen) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int K = b->has_drafter ? b->dhp.block : 0,
+              top = std::min(std::min(K + 1, b->max_eval), (int)GRAPH_MAX_T);
+    for (int T = 1; T <= top; T++) {
+        const int mode = T == 1 ? MODE_LAST : MODE_ALL;
+        if (find_graph(b, T, mode) || b->n_graphs >= MAX_GRAPHS) continue;
+        cudaGraphExec_t ge;
+        if (capture(b, target_forward, T, mode, &ge, err, errlen)) return -1;
+        b->graphs[b->n_graphs++] = (graph_t){T, mode, ge};
+    }
+    for (int g = K <= 8; K && g < 2; g++) { /* cu_draft's two shapes: heads of 8 rows, of the whole block */
+        b->d_rows = g ? K : 8;
+        if (!b->draft_exec[g] && capture(b, draft_forward, 0, 0, &b->draft_exec[g], err, errlen)) return -1;
+    }
+    b->warm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return 0;
+}
+
 static void cu_reset(void *ctx) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     b->pos = 0;
@@ -891,6 +924,10 @@ extern "C" int fm_cuda_debug_drafter_context(fm_cuda_backend *b, const float *fe
 
 extern "C" void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on) {
     b->use_graphs = on;
+}
+
+extern "C" double fm_cuda_debug_warm_ms(const fm_cuda_backend *b) {
+    return b->warm_ms;
 }
 
 extern "C" void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on) {

@@ -33,6 +33,8 @@ uint64_t fm_cuda_debug_step_bytes(const fm_cuda_backend *b);
 void fm_cuda_debug_sync(void);
 /* 0: plain launches; 1 (default): programmatic dependent launch inside forwards of up to 32 rows. */
 void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on);
+/* Milliseconds the backend's creation spent capturing its graphs (a step, the verify block sizes, drafts). */
+double fm_cuda_debug_warm_ms(const fm_cuda_backend *b);
 /* Microseconds per launch of one kernel group on T rows, replayed in a graph over all layers' weights (so
  * that they do not sit in L2): 0 qkv, 1 wo, 2 gate/up + SiLU, 3 down, 4 lm_head, 5 attention (split + merge
  * at the current position). bytes: that matrix's weight bytes (0 for attention). 6, 7: the drafter's fc1 (+
