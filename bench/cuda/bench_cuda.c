@@ -195,6 +195,13 @@ int main(int argc, char **argv) {
     int ncap = 0;
     const int *cap = fm_drafter_target_layers(d, &ncap);
     fm_cuda_backend *gb = NULL;
+    if (getenv("FM_BENCH_PROFILE") && getenv("FM_BENCH_Q8_DRAFTER")) {
+        /* profile the Q8_0 drafter's draft instead of the stored BF16 one */
+        fm_pool *pool = fm_pool_create(16);
+        const int rc = fm_drafter_quantize_q8_0(d, pool, err, sizeof err);
+        fm_pool_free(pool);
+        if (rc) return fprintf(stderr, "q8_0 drafter: %s\n", err), 1;
+    }
     t0 = hx_now();
     if (fm_cuda_backend_create(m, d, n_ctx, CHUNK, cap, ncap, &gb, err, sizeof err))
         return fprintf(stderr, "cuda: %s\n", err), 1;
@@ -242,8 +249,9 @@ int main(int argc, char **argv) {
     }
     if (prefill(&G, prompt, NP, &next, err, sizeof err)) return fprintf(stderr, "prefill: %s\n", err), 1;
     if (getenv("FM_BENCH_PROFILE")) {
-        /* For `ncu --profile-from-start off`: 1: a plain step, 2: a verify(17) block, 3: a draft, each once
-         * warm (graphs + PDL) and then inside the profiled range. */
+        /* For `ncu --profile-from-start off`: 1: a plain step, 2: a verify(17) block, 3: a draft (the Q8_0
+         * drafter with FM_BENCH_Q8_DRAFTER set), each once warm (graphs + PDL) and then inside the profiled
+         * range. */
         const int what = atoi(getenv("FM_BENCH_PROFILE"));
         for (int i = 0; i < 2; i++) {
             int32_t in = next, out[64];
