@@ -241,10 +241,10 @@ static void attention(const float *q, int T, int n_heads, int n_kv, int hd, cons
                (const float *)part, xq, xd, out);
 }
 
-void fmc_attention_quant(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
-                         const __half *v_cache, const int *pos, int max_splits, float *part, int8_t *xq,
-                         float *xd, int pdl, cudaStream_t s) {
-    attention(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, 1, max_splits, part, xq, xd, NULL, pdl, s);
+void fmc_attention_q8(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
+                      const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
+                      int8_t *xq, float *xd, int pdl, cudaStream_t s) {
+    attention(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, causal, max_splits, part, xq, xd, NULL, pdl, s);
 }
 
 void fmc_attention_f32(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,

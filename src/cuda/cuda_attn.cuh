@@ -180,7 +180,7 @@ template <typename R, typename F> R attn_by_hd(int hd, F f) {
 }
 
 /* The one-pass kernel (cuda_attn_prefill.cu): out [T][n_heads * hd] f32, for the launches
- * fmc_attention_quant / _f32 route to it (see FMC_ATT_SPLIT_MAX_T in cuda_kernels.cuh). */
+ * fmc_attention_q8 / _f32 route to it (see FMC_ATT_SPLIT_MAX_T in cuda_kernels.cuh). */
 int attn_prefill_init(void);
 void attn_prefill(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                   const __half *v_cache, const int *pos, float *out, int pdl, cudaStream_t s);

@@ -557,8 +557,8 @@ static void target_forward(fm_cuda_backend *b, int T, int mode) {
         fmc_q8_matmul(&L->qkv, &attn_in, T, b->qkv, qkvw, 0, NULL, 0, pdl, s);
         fmc_qk_norm_rope_kv(b->qkv, T, b->n_heads, b->n_kv, b->hd, L->q_norm, L->k_norm, b->eps, b->rope,
                             b->d_pos, b->q, kc, vc, pdl, s);
-        fmc_attention_quant(b->q, T, b->n_heads, b->n_kv, b->hd, kc, vc, b->d_pos, b->max_splits, b->part,
-                            b->xq1, b->xd1, pdl, s);
+        fmc_attention_q8(b->q, T, b->n_heads, b->n_kv, b->hd, kc, vc, b->d_pos, 1, b->max_splits, b->part,
+                         b->xq1, b->xd1, pdl, s);
         fmc_q8_matmul(&L->wo, &xq_in, T, b->x, dim, 1, NULL, 0, pdl, s);
         const fmc_q8_in ffn_in = {b->xq0, b->xd0, b->x, dim, L->ffn_norm, b->eps};
         fmc_q8_glu(&L->gu, &ffn_in, T, b->xq1, b->xd1, pdl, s);
@@ -775,18 +775,26 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
         /* queries and keys in one launch */
         fmc_dr_norm_rope(b->dqkv, 3 * D, K, nh, hd, L->sq_norm, L->sk_norm, hp->qk_eps, b->d_dpos, 1,
                          b->inv_freq, NULL, NULL, NULL, pdl, s);
+        /* a Q8_0 product's input leaves the attention quantised (the bits its quantiser would give) */
+        const bool so_q = L->so.is_q8 && hd % 32 == 0;
         fmc_dr_attention(b->dqkv, 3 * D, K, b->dqkv + D, b->dqkv + 2 * D, 3 * D, NULL, NULL, NULL, K, K, nh,
-                         hd, b->datt, pdl, s);
-        dmm(b, &L->so, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
+                         hd, b->datt, so_q ? b->dxq : NULL, b->dxd, pdl, s);
+        dmm(b, &L->so, so_q ? NULL : b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
 
         m = mod_at(b, l * 3 + 1);
         in = ln_mod(b, &L->cq, m, K, pdl);
         dmm(b, &L->cq, in, D, K, b->dqkv, D, NULL, FMC_BF16_STORE, NULL, pdl);
         fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, NULL, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL,
                          NULL, NULL, pdl, s);
-        fmc_attention_f32(b->dqkv, K, nh, nh, hd, L->kc, L->vc, b->d_dpos, 0, b->dsplits, b->dpart, b->datt,
-                          pdl, s);
-        dmm(b, &L->co, b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
+        /* the merge quantises a row's 32-blocks by warps: heads of a multiple of 32 dimensions */
+        const bool co_q = L->co.is_q8 && hd % 32 == 0;
+        if (co_q)
+            fmc_attention_q8(b->dqkv, K, nh, nh, hd, L->kc, L->vc, b->d_dpos, 0, b->dsplits, b->dpart, b->dxq,
+                             b->dxd, pdl, s);
+        else
+            fmc_attention_f32(b->dqkv, K, nh, nh, hd, L->kc, L->vc, b->d_dpos, 0, b->dsplits, b->dpart,
+                              b->datt, pdl, s);
+        dmm(b, &L->co, co_q ? NULL : b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
 
         m = mod_at(b, l * 3 + 2);
         in = ln_mod(b, &L->fc1, m, K, pdl);
@@ -978,8 +986,8 @@ static void time_one(fm_cuda_backend *b, int which, int l, int T, int pdl) {
             b->DL[l % b->dhp.n_layers].fc2_b, FMC_BF16_GATE_ADD, b->mods, pdl);
         break;
     default:
-        fmc_attention_quant(b->q, T, b->n_heads, b->n_kv, b->hd, kc, vc, b->d_pos, b->max_splits, b->part,
-                            b->xq1, b->xd1, pdl, s);
+        fmc_attention_q8(b->q, T, b->n_heads, b->n_kv, b->hd, kc, vc, b->d_pos, 1, b->max_splits, b->part,
+                         b->xq1, b->xd1, pdl, s);
     }
 }
 

@@ -10,7 +10,7 @@ int fmc_bf16_init(void);
 int fmc_attn_init(void);
 __global__ void k_dr_attention(const float *q, int ldq, const float *kf, const float *vf, int ldkv,
                                const __half *kh, const __half *vh, const int *dL, int L0, int n_heads, int hd,
-                               float *o);
+                               float *o, int8_t *xq, float *xd);
 
 int fmc_init(void) {
     if (fmc_q8_init() || fmc_bf16_init() || fmc_attn_init()) return -1;
@@ -203,7 +203,7 @@ void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float 
  * captured graph serves every position), softmax, weighted sum. */
 __global__ void k_dr_attention(const float *q, int ldq, const float *kf, const float *vf, int ldkv,
                                const __half *kh, const __half *vh, const int *dL, int L0, int n_heads, int hd,
-                               float *o) {
+                               float *o, int8_t *xq, float *xd) {
     extern __shared__ float dsh[];
     pdl_trigger();
     pdl_wait(); /* q and k come from the kernel before; v from further back: read through L2 (__ldcg) */
@@ -241,18 +241,27 @@ __global__ void k_dr_attention(const float *q, int ldq, const float *kf, const f
             for (int j = 0; j < L; j++) acc += sc[j] * __ldcg(vf + (size_t)j * ldkv + h * hd + i);
         else
             for (int j = 0; j < L; j++) acc += sc[j] * __half2float(__ldcg(vh + (size_t)j * D + h * hd + i));
-        o[(size_t)t * D + h * hd + i] = acc * inv;
+        const float v = acc * inv;
+        if (!xq) {
+            o[(size_t)t * D + h * hd + i] = v;
+            continue;
+        }
+        /* quantised for the next Q8_0 product as its activation quantiser would (hd % 32 == 0: a warp holds
+         * one 32-block of the row) */
+        float d;
+        xq[frag_off(t, h * hd + i, D / 32)] = quant_lane(v, &d);
+        if ((threadIdx.x & 31) == 0) xd[frag_d(t, (h * hd + i) / 32, D / 32)] = d;
     }
 }
 
 void fmc_dr_attention(const float *q, int ldq, int T, const float *kf, const float *vf, int ldkv,
                       const __half *kh, const __half *vh, const int *dL, int L0, int Lmax, int n_heads,
-                      int hd, float *o, int pdl, cudaStream_t s) {
+                      int hd, float *o, int8_t *xq, float *xd, int pdl, cudaStream_t s) {
     /* With dL, shared memory for Lmax keys, so that the launch does not depend on the position. */
     const size_t shm = (size_t)(hd + (dL ? Lmax : L0)) * sizeof(float);
     dim3 grid(n_heads, T);
     fmc_launch(k_dr_attention, grid, dim3(128), shm, s, pdl, q, ldq, kf, vf, ldkv, kh, vh, dL, L0, n_heads,
-               hd, o);
+               hd, o, xq, xd);
 }
 
 __global__ void k_broadcast_row(const float *row, int n, float *x) {

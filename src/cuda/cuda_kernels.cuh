@@ -157,11 +157,12 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
 int fmc_attn_prefill_fits(int n_heads, int n_kv, int hd);
 /* Whether the attention kernels take heads of hd dimensions (16, 32, 64, 128 or 256). */
 int fmc_attn_head_dim_ok(int hd);
-void fmc_attention_quant(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
-                         const __half *v_cache, const int *pos, int max_splits, float *part, int8_t *xq,
-                         float *xd, int pdl, cudaStream_t s);
-/* The same kernels with an f32 output [T][n_heads * hd]: causal as above, or without a mask (the drafter's
- * cross-attention: every row attends to keys 0 .. *pos). */
+void fmc_attention_q8(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
+                      const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
+                      int8_t *xq, float *xd, int pdl, cudaStream_t s);
+/* The same kernels with an f32 output [T][n_heads * hd]. Both: causal as above, or without a mask (the
+ * drafter's cross-attention: every row attends to keys 0 .. *pos). The quantised output needs hd % 32 == 0
+ * (the merge quantises a 32-block per warp of a head). */
 void fmc_attention_f32(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                        const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
                        float *out, int pdl, cudaStream_t s);
@@ -191,11 +192,13 @@ void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float 
                       float eps, const int *dpos, int pos0, const float *inv_freq, const float *v,
                       __half *k_cache, __half *v_cache, int pdl, cudaStream_t s);
 /* o[t][h] = softmax(q . k / sqrt(hd)) v over L = L0 + (dL ? *dL : 0) keys, no mask; K/V f32 (ld strides) or
- * f16 caches. With dL, L may be up to Lmax <= FMC_DR_ATT_MAX_L (shared memory is sized for Lmax). */
+ * f16 caches. With dL, L may be up to Lmax <= FMC_DR_ATT_MAX_L (shared memory is sized for Lmax). With xq
+ * (hd a multiple of 32), o is not written: the rows go quantised into xq, xd (fragment order, K = n_heads
+ * hd), the bits fmc_q8_quant would give them. */
 #define FMC_DR_ATT_MAX_L 40000
 void fmc_dr_attention(const float *q, int ldq, int T, const float *kf, const float *vf, int ldkv,
                       const __half *kh, const __half *vh, const int *dL, int L0, int Lmax, int n_heads,
-                      int hd, float *o, int pdl, cudaStream_t s);
+                      int hd, float *o, int8_t *xq, float *xd, int pdl, cudaStream_t s);
 /* x[t] = row (broadcast). */
 void fmc_broadcast_row(const float *row, int T, int n, float *x, int pdl, cudaStream_t s);
 
