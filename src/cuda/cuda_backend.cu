@@ -539,10 +539,9 @@ extern "C" int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d,
 
 /* ---- the target forward: a fixed kernel sequence for T rows (graph-capturable) ---- */
 
-/* Per layer: [RMSNorm + quantise + qkv] -> [q/k norm, RoPE, KV write] -> [attention splits] -> [merge +
- * quantise] -> [wo, += x] -> [RMSNorm + quantise + gate/up + SiLU * up + quantise] -> [down, += x (and the
- * captured copy)]: 7 kernels for a step (the RMSNorm + quantise run as the products' prologue), 9 for more
- * rows (then as kernels of their own, same code). */
+/* Per layer: [RMSNorm + quantise] -> [qkv] -> [q/k norm, RoPE, KV write] -> [attention splits] -> [merge +
+ * quantise] -> [wo, += x] -> [RMSNorm + quantise] -> [gate/up + SiLU * up + quantise] -> [down, += x (and
+ * the captured copy)]: 9 kernels (a prompt chunk's attention: one pass, then a quantiser). */
 static void target_forward(fm_cuda_backend *b, int T, int mode) {
     cudaStream_t s = b->st;
     const int dim = b->dim, qkvw = b->q_dim + 2 * b->kv_dim, pdl = b->use_pdl && T <= 32;
