@@ -810,6 +810,13 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
     fmc_argmax(b->dlogits, rows, b->vocab, b->dam, pdl, s);
 }
 
+/* Draft shape g (0: the head, lm_head and argmax for 8 slots; 1: for the whole block) set up for the next
+ * draft_forward, and with `graph` its graph captured if it is not yet. */
+static int draft_shape(fm_cuda_backend *b, int g, int graph, char *err, size_t errlen) {
+    b->d_rows = g ? b->dhp.block : 8;
+    return graph && !b->draft_exec[g] && capture(b, draft_forward, 0, 0, &b->draft_exec[g], err, errlen);
+}
+
 /* Runs the whole block of slots (they attend to each other); the head, lm_head and argmax run for the first
  * 8 slots when n_out <= 8 (the lm_head streams its 0.4 GB once per 8 rows), else for all: two graphs. */
 static int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *err, size_t errlen) {
@@ -836,11 +843,10 @@ static int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out,
     CK(cudaMemcpyAsync(b->d_anchor, b->h_ids, 4, cudaMemcpyHostToDevice, s));
     CK(cudaMemcpyAsync(b->d_dpos, b->h_pos, 4, cudaMemcpyHostToDevice, s));
     const int g = n_out > 8 || K <= 8;
-    b->d_rows = g ? K : 8;
-    if (b->use_graphs) {
-        if (!b->draft_exec[g] && capture(b, draft_forward, 0, 0, &b->draft_exec[g], err, errlen)) return -1;
+    if (draft_shape(b, g, b->use_graphs, err, errlen)) return -1;
+    if (b->use_graphs)
         CK(cudaGraphLaunch(b->draft_exec[g], s));
-    } else
+    else
         draft_forward(b, 0, 0);
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(b->h_am, b->dam, (size_t)b->d_rows * 8, cudaMemcpyDeviceToHost, s));
@@ -864,10 +870,8 @@ static int warm_graphs(fm_cuda_backend *b, char *err, size_t errlen) {
         if (capture(b, target_forward, T, mode, &ge, err, errlen)) return -1;
         b->graphs[b->n_graphs++] = (graph_t){T, mode, ge};
     }
-    for (int g = K <= 8; K && g < 2; g++) { /* cu_draft's two shapes: heads of 8 rows, of the whole block */
-        b->d_rows = g ? K : 8;
-        if (!b->draft_exec[g] && capture(b, draft_forward, 0, 0, &b->draft_exec[g], err, errlen)) return -1;
-    }
+    for (int g = K <= 8; K && g < 2; g++) /* the draft shapes cu_draft uses */
+        if (draft_shape(b, g, 1, err, errlen)) return -1;
     b->warm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return 0;
 }
