@@ -13,6 +13,8 @@
  * tokens contiguous), so a warp's activation load is one coalesced 256-byte read. The quantiser (RMSNorm +
  * Q8_0) runs one token per 256-thread block with a fixed reduction order, so a token's values never depend
  * on T either. */
+#include <algorithm>
+
 #include "cuda/cuda_q8.cuh"
 
 /* ---- layout ---- */
@@ -210,11 +212,21 @@ __host__ __device__ constexpr int q8_stages(int NT) {
     return NT <= 2 ? 8 : 6;
 }
 
+/* Where the GLU epilogue keeps its [8 NT tokens][64 rows]: after the merge's buffer, or from 17 tokens in the
+ * stages once every warp is past them. A buffer of its own took a block to 46 KB at 17..24 tokens, so only 4
+ * blocks fitted on an SM and a gate/up launch ran in 1.15 waves (ncu on the H200: 47 us, 2x a step's; 36 us
+ * in the stages); in a step the extra barrier cost more than it saved (plain step +0.5 %). */
+__host__ __device__ constexpr bool q8_glu_in_stages(int NT) {
+    return NT >= 3;
+}
+
+/* The warps' stages, the merge's buffer (red), the GLU epilogue's buffer. */
 static size_t q8_smem(const fmc_split *sp, int NT, int mode) {
-    const size_t warps = (size_t)sp->rt * sp->w;
-    size_t s = warps * q8_stages(NT) * q8_stage_bytes(NT) + warps * NT * 4 * 32 * 4;
-    if (mode == Q8_GLU) s += (size_t)8 * NT * 64 * 4;
-    return s;
+    const size_t warps = (size_t)sp->rt * sp->w, glu = (size_t)8 * NT * 64 * 4;
+    size_t stages = warps * q8_stages(NT) * q8_stage_bytes(NT), s = warps * NT * 4 * 32 * 4;
+    if (mode == Q8_GLU && q8_glu_in_stages(NT)) stages = std::max(stages, glu);
+    if (mode == Q8_GLU && !q8_glu_in_stages(NT)) s += glu;
+    return stages + s;
 }
 
 /* grid: groups x kc blocks of rt * w warps (fmc_split). */
@@ -230,11 +242,13 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
     const int group = blockIdx.x / sp.kc, kci = blockIdx.x - group * sp.kc;
     const int r = warp / sp.w, i = warp - r * sp.w;
     const int tile = MODE == Q8_GLU ? (r < 2 ? 2 * group + r : NT16 / 2 + 2 * group + r - 2) : group;
+    /* (Every tile exists with the grids of q8_run; a warp past the last would compute tile 0 unstored.) */
     const bool active = tile < NT16;
+    const int lt = active ? tile : 0;
     const int nbw = NB / (sp.w * sp.kc), b0 = (kci * sp.w + i) * nbw;
-    const int4 *ap = a.qs + ((int64_t)tile * NB + b0) * 32 + lane;
+    const int4 *ap = a.qs + ((int64_t)lt * NB + b0) * 32 + lane;
     /* shared scales: lanes 0..7 copy the scale pairs, lanes 0..3 the tokens' scales */
-    const uint32_t *sp8 = a.sc + ((int64_t)tile * NB + b0) * 8 + (SH ? lane & 7 : g);
+    const uint32_t *sp8 = a.sc + ((int64_t)lt * NB + b0) * 8 + (SH ? lane & 7 : g);
     const uint2 *xg = (const uint2 *)a.xq + (size_t)b0 * 32 + lane;    /* + (n NB + j) 32 for block b0 + j */
     const float *dg = a.xd + (size_t)b0 * 8 + 2 * (SH ? lane & 3 : c); /* + (n NB + j) 8 */
     unsigned char *wb = smem + (size_t)warp * STG * SB;                /* this warp's stages */
@@ -272,36 +286,77 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
     float acc[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int it = 0; it < nbw; it++) {
-        const int slot = it % STG;
-        cp_async_wait<STG - 1>();
-        if (SH) __syncwarp(); /* the scales other lanes copied are visible */
-        if (active) {
-            const int4 A = *Q8_W(slot);
-            const uint32_t S = Q8_S(slot)[SH ? g : 0];
-            const float dw0 = half_lo(S), dw1 = half_hi(S);
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const uint2 xv = *Q8_X(slot, n);
-                const float2 dx = Q8_D(slot, n)[cl];
+    if constexpr (NT == 1) {
+        /* Steps: the loop as first written. The form below measured slower here (H200, same run: plain step
+         * 2.784 against 2.738 ms; with running pointers alone 2.84): a step's kernels wait on memory, and
+         * the schedule the compiler makes of this form suits them. */
+        for (int it = 0; it < nbw; it++) {
+            const int slot = it % STG;
+            cp_async_wait<STG - 1>();
+            if (active) {
+                const int4 A = *Q8_W(slot);
+                const uint32_t S = *Q8_S(slot);
+                const float dw0 = half_lo(S), dw1 = half_hi(S);
+                const uint2 xv = *Q8_X(slot, 0);
+                const float2 dx = *Q8_D(slot, 0);
                 int d[4];
                 mma_s8(d, A, xv.x, xv.y);
-                q8_scale_add<4>(acc[n], d, dw0, dw1, dx);
-            }
-            /* The slot is free once every lane has read it (shared scales: other lanes refill them). */
-            if (SH) __syncwarp();
-            const int nx = it + STG;
-            if (nx < nbw) {
-                cp_async16(Q8_W(slot), ap + nx * 32);
-                if (sw) cp_async4(Q8_S(slot) + sl, sp8 + nx * 8);
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    cp_async8(Q8_X(slot, n), xg + ((size_t)n * NB + nx) * 32, 8 * n + g < T ? 8 : 0);
-                    if (dw) cp_async8(Q8_D(slot, n) + sl, dg + ((size_t)n * NB + nx) * 8);
+                q8_scale_add<4>(acc[0], d, dw0, dw1, dx);
+                const int nx = it + STG;
+                if (nx < nbw) {
+                    cp_async16(Q8_W(slot), ap + nx * 32);
+                    if (sw) cp_async4(Q8_S(slot) + sl, sp8 + nx * 8);
+                    cp_async8(Q8_X(slot, 0), xg + (size_t)nx * 32, g < T ? 8 : 0);
+                    if (dw) cp_async8(Q8_D(slot, 0) + sl, dg + (size_t)nx * 8);
                 }
             }
+            cp_async_commit();
         }
-        cp_async_commit();
+    } else {
+        static_assert(SH, "shared scales from 9 tokens");
+        /* 9..32 tokens: STG iterations at a time, so that every slot's shared-memory address is a constant,
+         * and refills from running pointers. The per-tile address arithmetic was most of the instructions
+         * (ncu: 189 a tile at 17..24 tokens); verify(17) 4.98 -> 4.66 ms, the draft's fc1 / fc2 15.4 / 22.6
+         * -> 14.2 / 21.9 us. */
+        const size_t xn = (size_t)NB * 32, dn = (size_t)NB * 8; /* from one n-tile's activations to the next */
+        const int4 *ar = ap + STG * 32;
+        const uint32_t *sr = sp8 + STG * 8;
+        const uint2 *xr = xg + STG * 32;
+        const float *dr = dg + STG * 8;
+        int xbytes[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++) xbytes[n] = 8 * n + g < T ? 8 : 0;
+        for (int it0 = 0; it0 < nbw; it0 += STG) {
+#pragma unroll
+            for (int slot = 0; slot < STG; slot++) {
+                if (it0 + slot >= nbw) break;
+                cp_async_wait<STG - 1>();
+                __syncwarp(); /* the scales other lanes copied are visible */
+                const int4 A = *Q8_W(slot);
+                const uint32_t S = Q8_S(slot)[g];
+                const float dw0 = half_lo(S), dw1 = half_hi(S);
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    const uint2 xv = *Q8_X(slot, n);
+                    const float2 dx = Q8_D(slot, n)[cl];
+                    int d[4];
+                    mma_s8(d, A, xv.x, xv.y);
+                    q8_scale_add<4>(acc[n], d, dw0, dw1, dx);
+                }
+                __syncwarp(); /* the slot is free once every lane has read it: other lanes refill the scales */
+                if (it0 + slot + STG < nbw) { /* tile it + STG */
+                    cp_async16(Q8_W(slot), ar);
+                    if (sw) cp_async4(Q8_S(slot) + sl, sr);
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        cp_async8(Q8_X(slot, n), xr + n * xn, xbytes[n]);
+                        if (dw) cp_async8(Q8_D(slot, n) + sl, dr + n * dn);
+                    }
+                }
+                ar += 32, sr += 8, xr += 32, dr += 8;
+                cp_async_commit();
+            }
+        }
     }
     cp_async_wait<0>();
 #undef Q8_W
@@ -312,8 +367,10 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
     const int fin = gemm_merge<NT>(acc, sp, group, kci, red);
     if (fin < 0) return;
     if (MODE == Q8_GLU) {
-        /* local rows 0..31: gate, 32..63: up; then one warp per token: silu(g) * u, quantised. */
-        float *gb = red + (size_t)nwarps * NT * 4 * 32;
+        /* local rows 0..31: gate, 32..63: up (q8_glu_in_stages: every warp past the stages after the
+         * barrier); then one warp per token: silu(g) * u, quantised. */
+        float *gb = q8_glu_in_stages(NT) ? (float *)smem : red + (size_t)nwarps * NT * 4 * 32;
+        if (q8_glu_in_stages(NT)) __syncthreads();
         if (fin)
 #pragma unroll
             for (int n = 0; n < NT; n++)
