@@ -18,14 +18,17 @@ enum { PF_WARPS = 2, PF_QROWS = 16 * PF_WARPS };
 static __host__ __device__ constexpr int prefill_tile_bytes(int hd) {
     return FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + FMC_ATT_SPLIT * (hd + 8) * 2;
 }
-/* The queries (two f16 parts), then two key tiles: the next one loads while the current one is used. */
-static size_t prefill_smem(int hd) {
-    return (size_t)2 * PF_QROWS * (hd + 8) * 2 + 2 * (size_t)prefill_tile_bytes(hd);
+/* The queries (two f16 parts), then nbuf key tiles: with two, the next one loads while the current one is
+ * used; with one, a block takes 52 instead of 87 KB (heads of 128), so 4 blocks share an SM instead of 2.
+ * attn_prefill takes one buffer when the grid would not fit the SMs at 2 blocks each (H200, 128-dim heads,
+ * context ~770: 512 rows 131 -> 99 us a layer; 128 rows, 128 blocks, 53 against 59 us with one). */
+static size_t prefill_smem(int hd, int nbuf) {
+    return (size_t)2 * PF_QROWS * (hd + 8) * 2 + nbuf * (size_t)prefill_tile_bytes(hd);
 }
 
 /* grid (n_kv, ceil(T / rows)), rows = PF_QROWS / G rows of T (G = n_heads / n_kv query heads each); row t
  * sees keys [0, pos + t]. out [T][n_heads][HD]. */
-template <int HD>
+template <int HD, int NBUF>
 __global__ void __launch_bounds__(PF_WARPS * 32)
     k_attn_prefill(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
                    const int *pos, float *out) {
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             cp_async16(Vb + j * VP + c8 * 8, vc + off, ok ? 16 : 0);
         }
     };
-    load_tile(0, 0);
+    if (NBUF == 2) load_tile(0, 0);
     cp_async_commit();
     attn_load_q<HD, PF_QROWS>(q, Qs, tb, g, G, n_heads, PF_QROWS, nq);
 
@@ -71,11 +74,18 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     for (int jt = 0; jt < ntiles; jt++) {
         const int j0 = jt * FMC_ATT_SPLIT;
-        if (jt + 1 < ntiles) load_tile(jt + 1, (jt + 1) & 1); /* its buffer was freed at the end of jt - 1 */
-        cp_async_commit();
-        cp_async_wait<1>();
+        if (NBUF == 2) {
+            if (jt + 1 < ntiles)
+                load_tile(jt + 1, (jt + 1) & 1); /* its buffer was freed at the end of jt - 1 */
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            load_tile(jt, 0);
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
         __syncthreads(); /* tile jt (and the queries) visible to all */
-        const uint32_t *Ks = (const uint32_t *)(tiles + (jt & 1) * TB);
+        const uint32_t *Ks = (const uint32_t *)(tiles + (NBUF == 2 ? jt & 1 : 0) * TB);
         const __half *Vs = (const __half *)(Ks + FMC_ATT_SPLIT * KP);
         if (busy) {
             float sc[8][4], ms[2], ls[2], os[HD / 8][4];
@@ -96,7 +106,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
                 }
             }
         }
-        __syncthreads(); /* buffer jt & 1 is reloaded in iteration jt + 1 */
+        __syncthreads(); /* the buffer is reloaded in iteration jt + 1 (one buffer) or jt + 2 */
     }
     if (!busy) return;
 #pragma unroll
@@ -116,10 +126,10 @@ typedef void (*prefill_kernel)(const float *, int, int, int, const __half *, con
 /* Heads of up to 128 dimensions: larger ones would spill the two sets of output registers. */
 enum { PF_MAX_HD = 128 };
 
-static prefill_kernel prefill_pick(int hd) {
-    return attn_by_hd<prefill_kernel>(hd, [](auto c) -> prefill_kernel {
+static prefill_kernel prefill_pick(int hd, int nbuf) {
+    return attn_by_hd<prefill_kernel>(hd, [nbuf](auto c) -> prefill_kernel {
         if constexpr (decltype(c)::value <= PF_MAX_HD)
-            return k_attn_prefill<decltype(c)::value>;
+            return nbuf == 1 ? k_attn_prefill<decltype(c)::value, 1> : k_attn_prefill<decltype(c)::value, 2>;
         else
             return NULL;
     });
@@ -127,19 +137,22 @@ static prefill_kernel prefill_pick(int hd) {
 
 int attn_prefill_init(void) {
     for (int hd = 16; hd <= PF_MAX_HD; hd *= 2)
-        if (cudaFuncSetAttribute(prefill_pick(hd), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)prefill_smem(hd)) != cudaSuccess)
-            return -1;
+        for (int nbuf = 1; nbuf <= 2; nbuf++)
+            if (cudaFuncSetAttribute(prefill_pick(hd, nbuf), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)prefill_smem(hd, nbuf)) != cudaSuccess)
+                return -1;
     return 0;
 }
 
 int fmc_attn_prefill_fits(int n_heads, int n_kv, int hd) {
-    return n_heads / n_kv <= PF_QROWS && prefill_pick(hd) != NULL;
+    return n_heads / n_kv <= PF_QROWS && prefill_pick(hd, 2) != NULL;
 }
 
 void attn_prefill(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                   const __half *v_cache, const int *pos, float *out, int pdl, cudaStream_t s) {
     const int rows = PF_QROWS / (n_heads / n_kv);
-    fmc_launch(prefill_pick(hd), dim3(n_kv, (T + rows - 1) / rows), dim3(PF_WARPS * 32), prefill_smem(hd), s,
-               pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos, out);
+    const dim3 grid(n_kv, (T + rows - 1) / rows);
+    const int nbuf = (long)grid.x * grid.y > 2L * fmc_sm_count() ? 1 : 2;
+    fmc_launch(prefill_pick(hd, nbuf), grid, dim3(PF_WARPS * 32), prefill_smem(hd, nbuf), s, pdl, q, T,
+               n_heads, n_kv, k_cache, v_cache, pos, out);
 }

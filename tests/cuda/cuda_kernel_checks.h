@@ -291,6 +291,7 @@ static void kc_run_all(void) {
      * split; every row == a 1-row launch on the split kernel */
     kc_check_attention(130, 32, 8, 128, 700, 1, 28);
     kc_check_attention(256, 32, 8, 128, 0, 1, 29);
+    kc_check_attention(300, 32, 8, 128, 200, 1, 33); /* 304 blocks: the one-buffer variant (132 SMs) */
     kc_check_attention(67, 4, 2, 32, 5, 1, 30);
     kc_check_attention(65, 32, 8, 128, 0, 1, 31);
     kc_check_attention(80, 8, 8, 256, 40, 1, 32); /* 256-dim heads: the split kernel throughout */
