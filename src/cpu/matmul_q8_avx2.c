@@ -13,11 +13,13 @@
  * - packed (verify blocks, prefill; compute bound): a chunk of rows is widened once per call to int16 pairs
  *   in the worker's scratch (per 4-byte lane b0 b1 b2 b3: (b0, b2) and (b1, b3), sign-extended by shifts),
  *   the activations likewise, and vpmaddwd multiplies them directly: 2 ops on Zen 3's two integer-multiply
- *   pipes per (block, token) where the direct path needs 3 (vpsignb shares those pipes), in tiles of 2 rows x
- *   4 tokens so that each load feeds 2 to 4 products, over row segments whose activations stay in L1. The
- *   next chunk's weights are prefetched into L2 during the tiles, so memory and arithmetic overlap.
- *   Measured on Zen 3 (2 madd + 2 add per block-token run at ~3.2 vector ops per cycle): ~1.45 cycles per
- *   (block, token) in L1, against ~1.9 for the direct path's arithmetic.
+ *   pipes per (block, token) where the direct path needs 3 (vpsignb shares those pipes), in tiles of 3 rows x
+ *   4 tokens so that each load feeds 3 to 4 products (7 loads per 12 vpmaddwd; 2 x 4 tiles took 6 per 8),
+ *   over row segments whose activations stay in L1. The next chunk's weights are prefetched into L2 during
+ *   the tiles, so memory and arithmetic overlap. Measured on Zen 3 (2 madd + 2 add per block-token run at
+ *   ~3.2 vector ops per cycle): ~1.45 cycles per (block, token) in L1 with 2 x 4 tiles, against ~1.9 for the
+ *   direct path's arithmetic; 3 x 4 tiles took ~7 % less time at 256 tokens (user time, interleaved runs on
+ *   this noisy VM).
  *
  * Both paths run the same f32 operations for a (row, token) whatever T, the tile, the chunk or the worker:
  * acc = fma(float(isum_g), d_w,g * d_x,g, acc) for the groups g in order, then hsum256(acc). So the rows of a
@@ -229,11 +231,11 @@ FM_INLINE void q8_pack_group(const fm_block_q8_0 *wb, int m, int8_t *q, float *d
 }
 
 /* Rows packed per chunk: as many as fit in Q8_PACK_L2 (each token tile's activations are then reused from L1
- * by all of them), an even number for the 2-row tiles. */
+ * by all of them), a multiple of the tiles' 3 rows. */
 static int64_t q8_chunk_rows(int64_t cols) {
     const int64_t per_row = q8_groups(cols) * (GROUP16 + G8 * (int64_t)sizeof(float));
     const int64_t n = Q8_PACK_L2 / per_row;
-    return n < 2 ? 2 : n > 32 ? 32 : n & ~(int64_t)1;
+    return n < 3 ? 3 : n > 30 ? 30 : n - n % 3;
 }
 
 static size_t q8_tls_bytes(int T, int64_t cols) {
@@ -257,75 +259,84 @@ typedef struct {
     int per_group;
 } q8_prefetch;
 
-/* R packed rows (1, 2; groups at wq + r * rq, scales at wd + r * rd) x TT tokens (1..4) from t0, over the
- * groups [g0, g1) of a row. The f32 accumulators come from acc [R][4][8] (zero when g0 == 0) and go back
- * there (the same values as if they had stayed in registers), or, after the last group, to out as sums. */
+/* R packed rows (1..3; groups at wq + r * rq, scales at wd + r * rd) x TT tokens (1..4) from t0, over the
+ * groups [g0, g1) of a row. The f32 accumulators live in accbuf [R][4][8] (zeroed when g0 == 0): 12 integer
+ * sums, 3 weight vectors and a token's fill the 16 registers, and an accumulator is touched once a group.
+ * After the last group the sums go to out. */
 FM_INLINE void q8_tile(const int8_t *wq, const float *wd, int64_t rq, int64_t rd, const fm_mm_act *a, int t0,
-                       int64_t g0, int64_t g1, float *accbuf, const int R, const int TT, float out[2][4],
+                       int64_t g0, int64_t g1, float *accbuf, const int R, const int TT, float out[3][4],
                        q8_prefetch *pf) {
     const int64_t ng = a->ng, xq_stride = ng * GROUP16, xs_stride = ng * G8;
     const int8_t *xr = a->xr + (int64_t)t0 * xq_stride + g0 * GROUP16;
     const float *xs = a->xs + (int64_t)t0 * xs_stride + g0 * G8;
     wq += g0 * GROUP16;
     wd += g0 * G8;
-    __m256 acc[2][4];
-#pragma GCC unroll 2
-    for (int r = 0; r < R; r++)
+    if (!g0)
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < TT; t++)
-            acc[r][t] = g0 ? _mm256_load_ps(accbuf + (r * 4 + t) * 8) : _mm256_setzero_ps();
+            for (int t = 0; t < TT; t++) _mm256_store_ps(accbuf + (r * 4 + t) * 8, _mm256_setzero_ps());
     /* At most about what one core streams from memory while a group's products run (~5 lines per 64
      * block-tokens): more would queue in the miss buffers and stall the tile's own loads. */
     const int cap = (R * TT * 5 + 7) / 8, n_pf = pf->per_group < cap ? pf->per_group : cap;
     for (int64_t g = g0; g < g1; g++, wq += GROUP16, wd += G8, xr += GROUP16, xs += G8) {
         for (int i = 0; i < n_pf && pf->p < pf->end; i++, pf->p += 64) _mm_prefetch(pf->p, _MM_HINT_T1);
-        __m256i ia[2][4];
-#pragma GCC unroll 2
+        __m256i ia[3][4];
+#pragma GCC unroll 3
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
             for (int t = 0; t < TT; t++) ia[r][t] = _mm256_setzero_si256();
 #pragma GCC unroll 16
         for (int j = 0; j < 2 * FM_Q8_VECS; j++) {
-            __m256i wv[2];
-#pragma GCC unroll 2
+            __m256i wv[3];
+#pragma GCC unroll 3
             for (int r = 0; r < R; r++) wv[r] = _mm256_load_si256((const __m256i *)(wq + r * rq + 32 * j));
 #pragma GCC unroll 4
             for (int t = 0; t < TT; t++) {
                 __m256i x = _mm256_load_si256((const __m256i *)(xr + t * xq_stride + 32 * j));
-                FM_PIN(x); /* one load for both rows, not a memory operand per product */
-#pragma GCC unroll 2
+                FM_PIN(x); /* one load for all rows, not a memory operand per product */
+#pragma GCC unroll 3
                 for (int r = 0; r < R; r++) {
                     ia[r][t] = _mm256_add_epi32(ia[r][t], _mm256_madd_epi16(wv[r], x));
                     FM_PIN(ia[r][t]);
                 }
             }
         }
-#pragma GCC unroll 2
+#pragma GCC unroll 3
         for (int r = 0; r < R; r++) {
             const __m256 dw = _mm256_load_ps(wd + r * rd);
 #pragma GCC unroll 4
             for (int t = 0; t < TT; t++) {
+                float *ap = accbuf + (r * 4 + t) * 8;
                 const __m256 s = _mm256_mul_ps(dw, _mm256_load_ps(xs + t * xs_stride));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r][t]), s, acc[r][t]);
+                _mm256_store_ps(ap, _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r][t]), s, _mm256_load_ps(ap)));
             }
         }
     }
-#pragma GCC unroll 2
-    for (int r = 0; r < R; r++)
+    if (g1 == ng)
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < TT; t++) {
-            if (g1 == ng)
-                out[r][t] = hsum256(acc[r][t]);
-            else
-                _mm256_store_ps(accbuf + (r * 4 + t) * 8, acc[r][t]);
-        }
+            for (int t = 0; t < TT; t++) out[r][t] = hsum256(_mm256_load_ps(accbuf + (r * 4 + t) * 8));
 }
 
 /* The tile of R rows x tt tokens, with compile-time shapes. */
 static void q8_tile_any(const int8_t *wq, const float *wd, int64_t rq, int64_t rd, const fm_mm_act *a, int t0,
-                        int64_t g0, int64_t g1, float *accbuf, int R, int tt, float out[2][4],
+                        int64_t g0, int64_t g1, float *accbuf, int R, int tt, float out[3][4],
                         q8_prefetch *pf) {
     switch (R * 4 + tt) {
+    case 16:
+        q8_tile(wq, wd, rq, rd, a, t0, g0, g1, accbuf, 3, 4, out, pf);
+        break;
+    case 15:
+        q8_tile(wq, wd, rq, rd, a, t0, g0, g1, accbuf, 3, 3, out, pf);
+        break;
+    case 14:
+        q8_tile(wq, wd, rq, rd, a, t0, g0, g1, accbuf, 3, 2, out, pf);
+        break;
+    case 13:
+        q8_tile(wq, wd, rq, rd, a, t0, g0, g1, accbuf, 3, 1, out, pf);
+        break;
     case 12:
         q8_tile(wq, wd, rq, rd, a, t0, g0, g1, accbuf, 2, 4, out, pf);
         break;
@@ -354,9 +365,9 @@ static void q8_tile_any(const int8_t *wq, const float *wd, int64_t rq, int64_t r
 }
 
 /* Rows [r0, r1) by chunks: pack the chunk's rows (their only pass over memory), then, for each 4-token tile,
- * run the chunk's row pairs over segments of Q8_SEG_GROUPS groups (the tile's activations for a segment stay
- * in L1 while all the chunk's rows pass; the accumulators wait in the scratch between segments), while the
- * next chunk is prefetched. */
+ * run the chunk's rows three at a time over segments of Q8_SEG_GROUPS groups (the tile's activations for a
+ * segment stay in L1 while all the chunk's rows pass; the accumulators wait in the scratch), while the next
+ * chunk is prefetched. */
 static void q8_packed_rows(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                            int64_t r1, void *tls) {
     const int64_t nb = w->cols / FM_QK8_0, ng = a->ng, rc_max = q8_chunk_rows(w->cols);
@@ -373,16 +384,16 @@ static void q8_packed_rows(const fm_matrix *w, const fm_mm_act *a, float *y, con
                         pd + i * rd);
         /* The rows after this chunk (past r1 too: likely this worker's next chunk), spread over its tiles. */
         const int64_t next_end = rc + n + rc_max < w->rows ? rc + n + rc_max : w->rows;
-        const int64_t tiles = (int64_t)((a->T + 3) / 4) * ((n + 1) / 2) * ng;
+        const int64_t tiles = (int64_t)((a->T + 3) / 4) * ((n + 2) / 3) * ng;
         q8_prefetch pf = {wbase + (rc + n) * row_bytes, wbase + next_end * row_bytes, 0};
         pf.per_group = (int)(((pf.end - pf.p) / 64 + tiles - 1) / tiles);
         for (int t0 = 0; t0 < a->T; t0 += 4) {
             const int tt = a->T - t0 < 4 ? a->T - t0 : 4;
             for (int64_t g0 = 0; g0 < ng; g0 += seg) {
                 const int64_t g1 = g0 + seg < ng ? g0 + seg : ng;
-                for (int64_t i = 0; i < n; i += 2) {
-                    const int R = n - i < 2 ? 1 : 2;
-                    float out[2][4];
+                for (int64_t i = 0; i < n; i += 3) {
+                    const int R = n - i < 3 ? (int)(n - i) : 3;
+                    float out[3][4];
                     q8_tile_any(pq + i * rq, pd + i * rd, rq, rd, a, t0, g0, g1, accbuf + i * 32, R, tt, out,
                                 &pf);
                     if (g1 == ng)
