@@ -224,8 +224,12 @@ __host__ __device__ constexpr bool q8_glu_in_stages(int NT) {
 static size_t q8_smem(const fmc_split *sp, int NT, int mode) {
     const size_t warps = (size_t)sp->rt * sp->w, glu = (size_t)8 * NT * 64 * 4;
     size_t stages = warps * q8_stages(NT) * q8_stage_bytes(NT), s = warps * NT * 4 * 32 * 4;
-    if (mode == Q8_GLU && q8_glu_in_stages(NT)) stages = std::max(stages, glu);
-    if (mode == Q8_GLU && !q8_glu_in_stages(NT)) s += glu;
+    if (mode == Q8_GLU) {
+        if (q8_glu_in_stages(NT))
+            stages = std::max(stages, glu);
+        else
+            s += glu;
+    }
     return stages + s;
 }
 
