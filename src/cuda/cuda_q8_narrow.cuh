@@ -1,0 +1,224 @@
+/* cuda_q8_narrow.cuh: the narrow Q8_0 product (1..32 tokens) of one block, as a device function: the
+ * kernel of cuda_q8.cu runs it once per block with PDL (q8_pdl_sync), the bench-only persistent kernels of
+ * cuda_q8_persist.cu run it for several products in one launch with their own waits. Its stage layout and
+ * shared-memory size are here too. The kernel's code is the same as when it was the kernel's body (the same
+ * SASS, checked with cuobjdump). */
+#ifndef FM_CUDA_Q8_NARROW_CUH
+#define FM_CUDA_Q8_NARROW_CUH
+
+#include <algorithm>
+
+#include "cuda/cuda_q8.cuh"
+
+/* Bytes of one pipeline stage of a warp: the tile (512), its scale pairs and, per 8-token n-tile, the
+ * activation fragments (32 lanes x 8; tokens past T zero-filled, not read) and the tokens' scales. Up to 8
+ * tokens every lane keeps its own copy of the scales it needs (32 x 4 and 32 x 8 bytes); from 9 tokens the
+ * scales are stored once (8 pairs, 8 floats per n-tile, "shared") and the lanes read them after a
+ * __syncwarp, so a stage takes 832 instead of 2176 bytes at 17..24 tokens and 6 stages fit where 4 did
+ * (measured on the H200: verify(17) 6.41 -> 5.72 ms), and 1120 instead of 1664 at 9..16 (the drafter's 16
+ * slots: fc1 20.2 -> 15.4 us, fc2 28.0 -> 22.8 us, a draft 1.213 -> 1.152 ms); at 1..8 tokens the shared
+ * layout was no faster. The same values and operations either way: the bits do not change. */
+__host__ __device__ constexpr bool q8_shared_scales(int NT) {
+    return NT >= 2;
+}
+__host__ __device__ constexpr int q8_stage_bytes(int NT) {
+    return q8_shared_scales(NT) ? 544 + 288 * NT : 640 + 512 * NT;
+}
+/* Stages in flight per warp: 8, or 6 from 17 tokens (about 9-10 KB per warp, 5 blocks of 4 warps per SM). */
+__host__ __device__ constexpr int q8_stages(int NT) {
+    return NT <= 2 ? 8 : 6;
+}
+
+/* Where the GLU epilogue keeps its [8 NT tokens][64 rows]: after the merge's buffer, or from 17 tokens in the
+ * stages once every warp is past them. A buffer of its own took a block to 46 KB at 17..24 tokens, so only 4
+ * blocks fitted on an SM and a gate/up launch ran in 1.15 waves (ncu on the H200: 47 us, 2x a step's; 36 us
+ * in the stages); in a step the extra barrier cost more than it saved (plain step +0.5 %). */
+__host__ __device__ constexpr bool q8_glu_in_stages(int NT) {
+    return NT >= 3;
+}
+
+/* The warps' stages, the merge's buffer (red), the GLU epilogue's buffer. */
+static inline size_t q8_smem(const fmc_split *sp, int NT, int mode) {
+    const size_t warps = (size_t)sp->rt * sp->w, glu = (size_t)8 * NT * 64 * 4;
+    size_t stages = warps * q8_stages(NT) * q8_stage_bytes(NT), s = warps * NT * 4 * 32 * 4;
+    if (mode == Q8_GLU) {
+        if (q8_glu_in_stages(NT))
+            stages = std::max(stages, glu);
+        else
+            s += glu;
+    }
+    return stages + s;
+}
+
+/* grid: groups x kc blocks of rt * w warps (fmc_split). */
+struct q8_pdl_sync {
+    __device__ __forceinline__ void start() const { pdl_trigger(); }
+    __device__ __forceinline__ void wait() const { pdl_wait(); }
+};
+template <int NT, int MODE, class SYNC>
+__device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned bid, const SYNC &sync) {
+    constexpr int STG = q8_stages(NT), SB = q8_stage_bytes(NT);
+    constexpr bool SH = q8_shared_scales(NT);
+    constexpr int XO = SH ? 544 : 640; /* offset of the activation fragments in a stage */
+    extern __shared__ __align__(16) unsigned char smem[];
+    const fmc_split sp = a.sp;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = sp.rt * sp.w;
+    const int g = lane >> 2, c = lane & 3, T = a.T;
+    const int NB = a.K >> 5, NT16 = (a.N + 15) >> 4;
+    const int group = bid / sp.kc, kci = bid - group * sp.kc;
+    const int r = warp / sp.w, i = warp - r * sp.w;
+    const int tile = MODE == Q8_GLU ? (r < 2 ? 2 * group + r : NT16 / 2 + 2 * group + r - 2) : group;
+    /* (Every tile exists with the grids of q8_run; a warp past the last would compute tile 0 unstored.) */
+    const bool active = tile < NT16;
+    const int lt = active ? tile : 0;
+    const int nbw = NB / (sp.w * sp.kc), b0 = (kci * sp.w + i) * nbw;
+    const int4 *ap = a.qs + ((int64_t)lt * NB + b0) * 32 + lane;
+    /* shared scales: lanes 0..7 copy the scale pairs, lanes 0..3 the tokens' scales */
+    const uint32_t *sp8 = a.sc + ((int64_t)lt * NB + b0) * 8 + (SH ? lane & 7 : g);
+    const uint2 *xg = (const uint2 *)a.xq + (size_t)b0 * 32 + lane;    /* + (n NB + j) 32 for block b0 + j */
+    const float *dg = a.xd + (size_t)b0 * 8 + 2 * (SH ? lane & 3 : c); /* + (n NB + j) 8 */
+    unsigned char *wb = smem + (size_t)warp * STG * SB;                /* this warp's stages */
+    float *red = (float *)(smem + (size_t)nwarps * STG * SB);
+#define Q8_W(st) ((int4 *)(wb + (st)*SB) + lane)
+    const int sl = SH ? lane : 0, cl = SH ? c : 0;         /* copy slot / read index of the scales */
+    const bool sw = !SH || lane < 8, dw = !SH || lane < 4; /* lanes that copy them */
+#define Q8_S(st) ((uint32_t *)(wb + (st)*SB + 512) + (SH ? 0 : lane))
+#define Q8_X(st, n) ((uint2 *)(wb + (st)*SB + XO) + (n)*32 + lane)
+#define Q8_D(st, n) ((float2 *)(wb + (st)*SB + XO + NT * 256) + (n) * (SH ? 4 : 32) + (SH ? 0 : lane))
+
+    sync.start();
+    /* Weights never change: the first stages' weights (one group) are in flight before the predecessor is
+     * done; their activations (one group per stage) after. Tile j's data is then complete once the groups
+     * up to 1 + j (j < STG) or the refill group of iteration j - STG are: always the oldest but STG - 1. */
+#pragma unroll
+    for (int st = 0; st < STG; st++)
+        if (active && st < nbw) {
+            cp_async16(Q8_W(st), ap + st * 32);
+            if (sw) cp_async4(Q8_S(st) + sl, sp8 + st * 8);
+        }
+    cp_async_commit();
+    sync.wait();
+#pragma unroll
+    for (int st = 0; st < STG; st++) {
+        if (active && st < nbw)
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                cp_async8(Q8_X(st, n), xg + ((size_t)n * NB + st) * 32, 8 * n + g < T ? 8 : 0);
+                if (dw) cp_async8(Q8_D(st, n) + sl, dg + ((size_t)n * NB + st) * 8);
+            }
+        cp_async_commit();
+    }
+
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    if constexpr (NT == 1) {
+        /* Steps: the loop as first written. The form below measured slower here (H200, same run: plain step
+         * 2.784 against 2.738 ms; with running pointers alone 2.84): a step's kernels wait on memory, and
+         * the schedule the compiler makes of this form suits them. */
+        for (int it = 0; it < nbw; it++) {
+            const int slot = it % STG;
+            cp_async_wait<STG - 1>();
+            if (active) {
+                const int4 A = *Q8_W(slot);
+                const uint32_t S = *Q8_S(slot);
+                const float dw0 = half_lo(S), dw1 = half_hi(S);
+                const uint2 xv = *Q8_X(slot, 0);
+                const float2 dx = *Q8_D(slot, 0);
+                int d[4];
+                mma_s8(d, A, xv.x, xv.y);
+                q8_scale_add<4>(acc[0], d, dw0, dw1, dx);
+                const int nx = it + STG;
+                if (nx < nbw) {
+                    cp_async16(Q8_W(slot), ap + nx * 32);
+                    if (sw) cp_async4(Q8_S(slot) + sl, sp8 + nx * 8);
+                    cp_async8(Q8_X(slot, 0), xg + (size_t)nx * 32, g < T ? 8 : 0);
+                    if (dw) cp_async8(Q8_D(slot, 0) + sl, dg + (size_t)nx * 8);
+                }
+            }
+            cp_async_commit();
+        }
+    } else {
+        static_assert(SH, "shared scales from 9 tokens");
+        /* 9..32 tokens: STG iterations at a time, so that every slot's shared-memory address is a constant,
+         * and refills from running pointers. The per-tile address arithmetic was most of the instructions
+         * (ncu: 189 a tile at 17..24 tokens); verify(17) 4.98 -> 4.66 ms, the draft's fc1 / fc2 15.4 / 22.6
+         * -> 14.2 / 21.9 us. */
+        /* from one n-tile's activations to the next */
+        const size_t xn = (size_t)NB * 32, dn = (size_t)NB * 8;
+        const int4 *ar = ap + STG * 32;
+        const uint32_t *sr = sp8 + STG * 8;
+        const uint2 *xr = xg + STG * 32;
+        const float *dr = dg + STG * 8;
+        int xbytes[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++) xbytes[n] = 8 * n + g < T ? 8 : 0;
+        for (int it0 = 0; it0 < nbw; it0 += STG) {
+#pragma unroll
+            for (int slot = 0; slot < STG; slot++) {
+                if (it0 + slot >= nbw) break;
+                cp_async_wait<STG - 1>();
+                __syncwarp(); /* the scales other lanes copied are visible */
+                const int4 A = *Q8_W(slot);
+                const uint32_t S = Q8_S(slot)[g];
+                const float dw0 = half_lo(S), dw1 = half_hi(S);
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    const uint2 xv = *Q8_X(slot, n);
+                    const float2 dx = Q8_D(slot, n)[cl];
+                    int d[4];
+                    mma_s8(d, A, xv.x, xv.y);
+                    q8_scale_add<4>(acc[n], d, dw0, dw1, dx);
+                }
+                /* the slot is free once every lane has read it: other lanes refill the scales */
+                __syncwarp();
+                if (it0 + slot + STG < nbw) { /* tile it + STG */
+                    cp_async16(Q8_W(slot), ar);
+                    if (sw) cp_async4(Q8_S(slot) + sl, sr);
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        cp_async8(Q8_X(slot, n), xr + n * xn, xbytes[n]);
+                        if (dw) cp_async8(Q8_D(slot, n) + sl, dr + n * dn);
+                    }
+                }
+                ar += 32, sr += 8, xr += 32, dr += 8;
+                cp_async_commit();
+            }
+        }
+    }
+    cp_async_wait<0>();
+#undef Q8_W
+#undef Q8_S
+#undef Q8_X
+#undef Q8_D
+
+    const int fin = gemm_merge<NT>(acc, sp, group, kci, red);
+    if (fin < 0) return;
+    if (MODE == Q8_GLU) {
+        /* local rows 0..31: gate, 32..63: up (q8_glu_in_stages: every warp past the stages after the
+         * barrier); then one warp per token: silu(g) * u, quantised. */
+        float *gb = q8_glu_in_stages(NT) ? (float *)smem : red + (size_t)nwarps * NT * 4 * 32;
+        if (q8_glu_in_stages(NT)) __syncthreads();
+        if (fin)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    gb[(8 * n + 2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[n][j];
+        __syncthreads();
+        const int FB = a.N / 64; /* output blocks */
+        for (int t = warp; t < T; t += nwarps)
+            q8_glu_out(a, t, group, FB, gb[t * 64 + lane], gb[t * 64 + 32 + lane]);
+        return;
+    }
+    if (!fin || !active) return;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int row = tile * 16 + g + (j >> 1) * 8, t = 8 * n + 2 * c + (j & 1);
+            if (t < T && row < a.N) q8_out<MODE>(a, row, t, acc[n][j]);
+        }
+}
+
+#endif
