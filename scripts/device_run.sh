@@ -3,7 +3,7 @@
 # libcurl, no libcrypto: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc
 # come from the carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
 # the full-size benchmark, the persistent-kernel probe and the PyTorch peer.
-# usage: scripts/device_run.sh [parity|sanitize|bench|probe|peer|llama]...
+# usage: scripts/device_run.sh [parity|sanitize|bench|probe|persist|peer|llama]...
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${BUILD:-/tmp/fmb}
@@ -55,6 +55,8 @@ for step in "$@"; do
                 | tail -25 | tee "$OUT/sanitize.log" ;;
     bench) "$B/bench_cuda" "$WORK" 2>&1 | tee "$OUT/bench.log" ;;
     probe) "$B/persistent_probe" 5 2>&1 | tee "$OUT/probe.log" ;;
+    # the step's products in one persistent launch against a graph of launches (cuda_q8_persist.cu)
+    persist) FM_BENCH_PERSIST=1 "$B/bench_cuda" "$WORK" 2>&1 | grep "RESULT" | tee "$OUT/persist.log" ;;
     peer) PYTHONUNBUFFERED=1 python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 | tee "$OUT/peer.log" ;;
     # llama.cpp's CUDA build on the GGUF that bench synthesized (run bench first): prefill 512 and 128 decode
     # steps after a 512-token context, as bench_cuda measures ours. LLAMA_BENCH, or a carried

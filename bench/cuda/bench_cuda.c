@@ -294,6 +294,18 @@ int main(int argc, char **argv) {
                graphs ? "on" : "off", pdl ? "on" : "off", t * 1e3, 1 / t,
                100.0 * (wbytes + kv) / t / (bw * 1e9));
         if (cfg == 0) step = t;
+        if (getenv("FM_BENCH_PERSIST")) { /* the persistent-launch experiment (cuda_q8_persist.cu) */
+            static const char *what[] = {"graph of launches, PDL",    "graph of launches, no PDL",
+                                         "persistent, blocks, waits", "persistent, blocks, no waits",
+                                         "persistent, ring, waits",   "persistent, ring, no waits"};
+            printf("RESULT persist: ring == engine launches bit for bit: %s\n",
+                   fm_cuda_debug_persist(gb, 6) == 0 ? "yes (5 of 5 products)" : "NO");
+            for (int rep = 0; rep < 3; rep++)
+                for (int v = 0; v < 6; v++)
+                    printf("RESULT persist: step's 145 products, %-28s %.3f ms\n", what[v],
+                           fm_cuda_debug_persist(gb, v));
+            return 0;
+        }
         if (getenv("FM_BENCH_QUICK")) return 0; /* the plain step only (kernel-variant sweeps) */
     }
     fm_cuda_debug_set_graphs(gb, 1);

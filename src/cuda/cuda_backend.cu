@@ -994,6 +994,27 @@ static void time_one(fm_cuda_backend *b, int which, int l, int T, int pdl) {
     }
 }
 
+/* Median milliseconds of `reps` replays of a graph (after 2 unmeasured ones). */
+static double graph_median_ms(cudaGraphExec_t ge, cudaStream_t s, int reps) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<float> ms;
+    for (int i = 0; i < reps + 2; i++) {
+        cudaEventRecord(e0, s);
+        cudaGraphLaunch(ge, s);
+        cudaEventRecord(e1, s);
+        cudaEventSynchronize(e1);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (i >= 2) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return ms[ms.size() / 2];
+}
+
 extern "C" double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T, int pdl, uint64_t *bytes) {
     if (which >= 6 && (!b->has_drafter || T > b->dhp.block)) return -1;
     const int reps = which == 4 ? 4 : which >= 6 ? b->dhp.n_layers : b->n_layers;
@@ -1016,23 +1037,92 @@ extern "C" double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T
     const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
     cudaGraphDestroy(g);
     if (e != cudaSuccess) return -1;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    std::vector<float> ms;
-    for (int i = 0; i < 12; i++) {
-        cudaEventRecord(e0, b->st);
-        cudaGraphLaunch(ge, b->st);
-        cudaEventRecord(e1, b->st);
-        cudaEventSynchronize(e1);
-        float t = 0;
-        cudaEventElapsedTime(&t, e0, e1);
-        if (i >= 2) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    const double ms = graph_median_ms(ge, b->st, 10);
     cudaGraphExecDestroy(ge);
     if (cudaGetLastError() != cudaSuccess) return -1;
-    return ms[ms.size() / 2] * 1e3 / reps;
+    return ms * 1e3 / reps;
+}
+
+/* ---- the persistent-launch experiment (cuda_q8_persist.cu) ---- */
+
+/* The step's 145 one-token products in the order a step runs them, on the step's activation buffers (their
+ * contents are whatever the last eval left: timing, and the bit-for-bit check, need no meaning). */
+static int persist_products(fm_cuda_backend *b, fmc_persist_product *pr) {
+    int n = 0;
+    for (int l = 0; l < b->n_layers; l++) {
+        const dlayer_t *L = &b->L[l];
+        pr[n++] = {&L->qkv, b->xq0, b->xd0, FMC_PERSIST_STORE, b->qkv, b->q_dim + 2 * b->kv_dim};
+        pr[n++] = {&L->wo, b->xq1, b->xd1, FMC_PERSIST_ADD, b->x, b->dim};
+        pr[n++] = {&L->gu, b->xq0, b->xd0, FMC_PERSIST_GLU, NULL, 0};
+        pr[n++] = {&L->down, b->xq1, b->xd1, FMC_PERSIST_ADD, b->x, b->dim};
+    }
+    pr[n++] = {&b->out, b->xq0, b->xd0, FMC_PERSIST_STORE, b->logits, b->vocab};
+    return n;
+}
+
+/* One product by the engine's launch (pdl off) or by the ring kernel; its output copied to host. */
+static int persist_one(fm_cuda_backend *b, const fmc_persist_product *p, int ring, unsigned *done,
+                       std::vector<unsigned char> &out) {
+    const int glu = p->mode == FMC_PERSIST_GLU;
+    void *o = glu ? (void *)b->xq1 : (void *)p->y;
+    const size_t bytes = glu ? (size_t)p->w->N / 2 / 32 * 256 : (size_t)p->w->N * 4; /* token 0's rows */
+    int grid = 0, smem = 0;
+    out.resize(bytes);
+    cudaMemset(o, 0, bytes);
+    if (!ring) {
+        const fmc_q8_in in = {(int8_t *)p->xq, (float *)p->xd, NULL, 0, NULL, 0.f};
+        if (glu)
+            fmc_q8_glu(p->w, &in, 1, b->xq1, b->xd1, 0, b->st);
+        else
+            fmc_q8_matmul(p->w, &in, 1, p->y, p->ldy, p->mode == FMC_PERSIST_ADD, NULL, 0, 0, b->st);
+    } else {
+        if (fmc_q8_persist_prepare(p, 1, b->xq1, b->xd1, 1, &grid, &smem)) return -1;
+        fmc_q8_persist_launch(1, done, 1, 1, grid, smem, b->st);
+    }
+    return cudaStreamSynchronize(b->st) != cudaSuccess ||
+                   cudaMemcpy(out.data(), o, bytes, cudaMemcpyDeviceToHost) != cudaSuccess
+               ? -1
+               : 0;
+}
+
+extern "C" double fm_cuda_debug_persist(fm_cuda_backend *b, int variant) {
+    fmc_persist_product pr[4 * 40 + 1];
+    if (b->n_layers > 40) return -1;
+    const int n = persist_products(b, pr);
+    static unsigned *done = NULL;
+    if (!done && cudaMalloc(&done, sizeof(unsigned) * n) != cudaSuccess) return -1;
+    if (variant == 6) { /* the ring against the engine, bit for bit: each kind of product, and the lm_head */
+        const int pick[] = {0, 1, 2, 3, n - 1};
+        int differ = 0;
+        for (int k : pick) {
+            std::vector<unsigned char> A, B;
+            if (persist_one(b, &pr[k], 0, done, A) || persist_one(b, &pr[k], 1, done, B)) return -1;
+            differ += A != B;
+        }
+        return differ;
+    }
+    const int ring = variant >= 4, waits = variant == 2 || variant == 4;
+    int grid = 0, smem = 0;
+    if (variant >= 2 && fmc_q8_persist_prepare(pr, n, b->xq1, b->xd1, ring, &grid, &smem)) return -1;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    if (cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
+    if (variant >= 2)
+        fmc_q8_persist_launch(ring, done, n, waits, grid, smem, b->st);
+    else
+        for (int i = 0; i < n; i++) {
+            const fmc_q8_in in = {(int8_t *)pr[i].xq, (float *)pr[i].xd, NULL, 0, NULL, 0.f};
+            if (pr[i].mode == FMC_PERSIST_GLU)
+                fmc_q8_glu(pr[i].w, &in, 1, b->xq1, b->xd1, variant == 0, b->st);
+            else
+                fmc_q8_matmul(pr[i].w, &in, 1, pr[i].y, pr[i].ldy, pr[i].mode == FMC_PERSIST_ADD, NULL, 0,
+                              variant == 0, b->st);
+        }
+    if (cudaStreamEndCapture(b->st, &g) != cudaSuccess) return -1;
+    const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) return -1;
+    const double ms = graph_median_ms(ge, b->st, 20);
+    cudaGraphExecDestroy(ge);
+    return cudaGetLastError() != cudaSuccess ? -1 : ms;
 }
