@@ -295,15 +295,21 @@ int main(int argc, char **argv) {
                100.0 * (wbytes + kv) / t / (bw * 1e9));
         if (cfg == 0) step = t;
         if (getenv("FM_BENCH_PERSIST")) { /* the persistent-launch experiment (cuda_q8_persist.cu) */
-            static const char *what[] = {"graph of launches, PDL",    "graph of launches, no PDL",
-                                         "persistent, blocks, waits", "persistent, blocks, no waits",
-                                         "persistent, ring, waits",   "persistent, ring, no waits"};
-            printf("RESULT persist: ring == engine launches bit for bit: %s\n",
-                   fm_cuda_debug_persist(gb, 6) == 0 ? "yes (5 of 5 products)" : "NO");
+            static const char *forms[] = {"graph of launches",         "persistent, blocks",
+                                          "persistent, ring",          "persistent, bulk ring 2x8",
+                                          "persistent, bulk ring 4x4", "persistent, bulk ring 8x3"};
+            for (int f = 1; f < 5; f++)
+                printf("RESULT persist: %s == engine launches bit for bit: %s\n", forms[f + 1],
+                       fm_cuda_debug_persist(gb, f, -1) == 0 ? "yes (5 of 5 products)" : "NO");
+            for (int f = 1; f < 5; f++) /* the rings' stream and products alone */
+                printf("RESULT persist: step's 145 products, %-26s %-9s %.3f ms\n", forms[f + 1],
+                       "stream+mma", fm_cuda_debug_persist(gb, f, 2));
             for (int rep = 0; rep < 3; rep++)
-                for (int v = 0; v < 6; v++)
-                    printf("RESULT persist: step's 145 products, %-28s %.3f ms\n", what[v],
-                           fm_cuda_debug_persist(gb, v));
+                for (int f = -1; f < 5; f++)
+                    for (int w = 1; w >= 0; w--)
+                        printf("RESULT persist: step's 145 products, %-26s %-9s %.3f ms\n", forms[f + 1],
+                               f < 0 ? (w ? "PDL" : "no PDL") : (w ? "waits" : "no waits"),
+                               fm_cuda_debug_persist(gb, f, w));
             return 0;
         }
         if (getenv("FM_BENCH_QUICK")) return 0; /* the plain step only (kernel-variant sweeps) */

@@ -1060,8 +1060,8 @@ static int persist_products(fm_cuda_backend *b, fmc_persist_product *pr) {
     return n;
 }
 
-/* One product by the engine's launch (pdl off) or by the ring kernel; its output copied to host. */
-static int persist_one(fm_cuda_backend *b, const fmc_persist_product *p, int ring, unsigned *done,
+/* One product by the engine's launch (form < 0, pdl off) or by a persistent form; its output copied to host. */
+static int persist_one(fm_cuda_backend *b, const fmc_persist_product *p, int form, unsigned *done,
                        std::vector<unsigned char> &out) {
     const int glu = p->mode == FMC_PERSIST_GLU;
     void *o = glu ? (void *)b->xq1 : (void *)p->y;
@@ -1069,15 +1069,15 @@ static int persist_one(fm_cuda_backend *b, const fmc_persist_product *p, int rin
     int grid = 0, smem = 0;
     out.resize(bytes);
     cudaMemset(o, 0, bytes);
-    if (!ring) {
+    if (form < 0) {
         const fmc_q8_in in = {(int8_t *)p->xq, (float *)p->xd, NULL, 0, NULL, 0.f};
         if (glu)
             fmc_q8_glu(p->w, &in, 1, b->xq1, b->xd1, 0, b->st);
         else
             fmc_q8_matmul(p->w, &in, 1, p->y, p->ldy, p->mode == FMC_PERSIST_ADD, NULL, 0, 0, b->st);
     } else {
-        if (fmc_q8_persist_prepare(p, 1, b->xq1, b->xd1, 1, &grid, &smem)) return -1;
-        fmc_q8_persist_launch(1, done, 1, 1, grid, smem, b->st);
+        if (fmc_q8_persist_prepare(p, 1, b->xq1, b->xd1, form, &grid, &smem)) return -1;
+        fmc_q8_persist_launch(form, done, 1, 1, grid, smem, b->st);
     }
     return cudaStreamSynchronize(b->st) != cudaSuccess ||
                    cudaMemcpy(out.data(), o, bytes, cudaMemcpyDeviceToHost) != cudaSuccess
@@ -1085,38 +1085,37 @@ static int persist_one(fm_cuda_backend *b, const fmc_persist_product *p, int rin
                : 0;
 }
 
-extern "C" double fm_cuda_debug_persist(fm_cuda_backend *b, int variant) {
+extern "C" double fm_cuda_debug_persist(fm_cuda_backend *b, int form, int waits) {
     fmc_persist_product pr[4 * 40 + 1];
-    if (b->n_layers > 40) return -1;
+    if (b->n_layers > 40 || form >= FMC_PERSIST_FORMS) return -1;
     const int n = persist_products(b, pr);
     static unsigned *done = NULL;
     if (!done && cudaMalloc(&done, sizeof(unsigned) * n) != cudaSuccess) return -1;
-    if (variant == 6) { /* the ring against the engine, bit for bit: each kind of product, and the lm_head */
+    if (waits < 0) { /* the form against the engine, bit for bit: each kind of product, and the lm_head */
         const int pick[] = {0, 1, 2, 3, n - 1};
         int differ = 0;
         for (int k : pick) {
             std::vector<unsigned char> A, B;
-            if (persist_one(b, &pr[k], 0, done, A) || persist_one(b, &pr[k], 1, done, B)) return -1;
+            if (persist_one(b, &pr[k], -1, done, A) || persist_one(b, &pr[k], form, done, B)) return -1;
             differ += A != B;
         }
         return differ;
     }
-    const int ring = variant >= 4, waits = variant == 2 || variant == 4;
     int grid = 0, smem = 0;
-    if (variant >= 2 && fmc_q8_persist_prepare(pr, n, b->xq1, b->xd1, ring, &grid, &smem)) return -1;
+    if (form >= 0 && fmc_q8_persist_prepare(pr, n, b->xq1, b->xd1, form, &grid, &smem)) return -1;
     cudaGraph_t g;
     cudaGraphExec_t ge;
     if (cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
-    if (variant >= 2)
-        fmc_q8_persist_launch(ring, done, n, waits, grid, smem, b->st);
+    if (form >= 0)
+        fmc_q8_persist_launch(form, done, n, waits, grid, smem, b->st);
     else
         for (int i = 0; i < n; i++) {
             const fmc_q8_in in = {(int8_t *)pr[i].xq, (float *)pr[i].xd, NULL, 0, NULL, 0.f};
             if (pr[i].mode == FMC_PERSIST_GLU)
-                fmc_q8_glu(pr[i].w, &in, 1, b->xq1, b->xd1, variant == 0, b->st);
+                fmc_q8_glu(pr[i].w, &in, 1, b->xq1, b->xd1, waits, b->st);
             else
                 fmc_q8_matmul(pr[i].w, &in, 1, pr[i].y, pr[i].ldy, pr[i].mode == FMC_PERSIST_ADD, NULL, 0,
-                              variant == 0, b->st);
+                              waits, b->st);
         }
     if (cudaStreamEndCapture(b->st, &g) != cudaSuccess) return -1;
     const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);

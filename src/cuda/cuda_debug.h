@@ -41,11 +41,11 @@ double fm_cuda_debug_warm_ms(const fm_cuda_backend *b);
  * GELU) and fc2 (+ gated add), T <= block. Negative on error. */
 double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T, int pdl, uint64_t *bytes);
 /* The persistent-launch experiment (cuda_q8_persist.cu): milliseconds for a step's 145 one-token products
- * alone, as 0: a graph of launches with PDL, 1: without PDL, 2 / 3: one persistent launch running the narrow
- * kernel's blocks, with / without waiting for each product's predecessor, 4 / 5: the ring kernel, with /
- * without waits. 6: how many of 5 products (qkv, wo, gate/up, down, lm_head) the ring kernel computes
- * differently from the engine's launches (bits of the output). Negative on error. */
-double fm_cuda_debug_persist(fm_cuda_backend *b, int variant);
+ * alone, as a graph of launches (form -1; waits: with PDL) or as one persistent launch of form 0..4 (see
+ * fmc_q8_persist_prepare), waiting for each product's predecessor or not. waits < 0: how many of 5 products
+ * (qkv, wo, gate/up, down, lm_head) that form computes differently from the engine's launches (bits of the
+ * output). Negative on error. */
+double fm_cuda_debug_persist(fm_cuda_backend *b, int form, int waits);
 /* Kernel tests, on caller data (host arrays). Q8_0: blocks are N rows of K/32 GGUF Q8_0 blocks; x [T][K] is
  * RMSNorm'd with nw (when not NULL) and quantised in the kernel; launches of `chunk` tokens; glu: y [T][N/2]
  * = the dequantised SiLU(gate) * up output (rows [gate; up]), else y [T][N]. */

@@ -122,10 +122,11 @@ void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, in
 void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaStream_t s);
 
 /* An experiment for the benchmark only (cuda_q8_persist.cu): 1-token products run back to back in one
- * persistent launch (ring 0: each block runs the narrow kernel's blocks of every product in turn; 1: one
- * ring of weight stages per warp across products), each waiting for the one before it (waits) or not. The
- * GLU products write oq, od. prepare returns the grid and shared memory to launch with, or < 0. */
-enum { FMC_PERSIST_STORE = 0, FMC_PERSIST_ADD = 1, FMC_PERSIST_GLU = 2 };
+ * persistent launch (form 0: each block runs the narrow kernel's blocks of every product in turn; 1: one ring
+ * of 16 one-tile stages per warp across products, by cp.async; 2, 3, 4: the same ring with stages of 2, 4, 8
+ * tiles (8, 4, 3 stages) by cp.async.bulk), each waiting for the one before it (waits) or not. The GLU
+ * products write oq, od. prepare returns the grid and shared memory to launch with, or < 0. */
+enum { FMC_PERSIST_STORE = 0, FMC_PERSIST_ADD = 1, FMC_PERSIST_GLU = 2, FMC_PERSIST_FORMS = 5 };
 typedef struct {
     const fmc_q8 *w;
     const int8_t *xq;
@@ -134,10 +135,10 @@ typedef struct {
     float *y;
     int ldy;
 } fmc_persist_product;
-int fmc_q8_persist_prepare(const fmc_persist_product *pr, int n, int8_t *oq, float *od, int ring, int *grid,
+int fmc_q8_persist_prepare(const fmc_persist_product *pr, int n, int8_t *oq, float *od, int form, int *grid,
                            int *smem);
 /* done: n device counters (zeroed by the launch) */
-void fmc_q8_persist_launch(int ring, unsigned *done, int n, int waits, int grid, int smem, cudaStream_t s);
+void fmc_q8_persist_launch(int form, unsigned *done, int n, int waits, int grid, int smem, cudaStream_t s);
 
 /* ---- BF16 (cuda_bf16.cu) ---- */
 

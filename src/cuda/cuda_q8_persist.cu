@@ -6,8 +6,9 @@
  * - "virtual blocks": each resident block runs the narrow kernel's own per-block code (q8_gemm_block) for
  *   the blocks of every product in turn; the wait replaces griddepcontrol.wait;
  * - "ring": each warp streams its tiles of every product through one ring of shared-memory stages that runs
- *   on across products (weights never wait), taking each product's activations once it is ready. Same
- *   operations as the narrow kernel at T = 1 (checked bit for bit against it by fm_cuda_debug_persist).
+ *   on across products (weights never wait), taking each product's activations once it is ready; stages of
+ *   one tile by cp.async, or ("bulk") of C tiles by the copy engine (cp.async.bulk). Same operations as the
+ *   narrow kernel at T = 1 (checked bit for bit against it by fm_cuda_debug_persist).
  * A product's blocks count themselves done on a counter per product; every block is resident (the grid is
  * the occupancy), so the waits cannot deadlock. */
 #include "cuda/cuda_q8_narrow.cuh"
@@ -156,11 +157,11 @@ __global__ void __launch_bounds__(PERSIST_WARPS * 32) k_persist_ring(int n, unsi
     for (int st = 0; st < RING; st++) issue();
     while (cs.p < n) {
         const q8_args &a = c_ops[cs.p].a;
-        if (waits && cs.p > 0) {
+        if (waits == 1 && cs.p > 0) {
             if (lane == 0) wait_done(done + cs.p - 1, c_ops[cs.p - 1].grid);
             __syncwarp();
         }
-        ring_load_x(a, cs, lane, xs, ds);
+        if (waits < 2) ring_load_x(a, cs, lane, xs, ds);
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
 #pragma unroll 1
         for (int it = 0; it < cs.nbw; it++) {
@@ -178,6 +179,12 @@ __global__ void __launch_bounds__(PERSIST_WARPS * 32) k_persist_ring(int n, unsi
             __syncwarp();
             if (++cslot == RING) cslot = 0;
             issue();
+        }
+        if (waits == 2) { /* the stream and the products only: no merge, no output (kept live) */
+            if (acc[0][0] == 1e30f) red[lane] = acc[0][2];
+            cs.vb += gridDim.x;
+            ring_find(cs, n, warp);
+            continue;
         }
         const int fin = gemm_merge<1>(acc, a.sp, cs.group, cs.kci, red);
         if (fin >= 0 && c_ops[cs.p].mode == Q8_GLU) {
@@ -205,7 +212,164 @@ __global__ void __launch_bounds__(PERSIST_WARPS * 32) k_persist_ring(int n, unsi
     cp_async_wait<0>();
 }
 
-int fmc_q8_persist_prepare(const fmc_persist_product *pr, int n, int8_t *oq, float *od, int ring, int *grid,
+/* ---- bulk ring: the ring with stages of C tiles moved by the copy engine (cp.async.bulk + mbarrier) ---- */
+
+__device__ __forceinline__ unsigned smem_addr(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mb_init(uint64_t *b) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(b)) : "memory");
+}
+__device__ __forceinline__ void mb_expect(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint64_t *b, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nW%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W%=;\n}" ::
+            "r"(smem_addr(b)),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *b) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(b))
+        : "memory");
+}
+
+template <int C, int RB> struct bulk_shape {
+    static constexpr size_t warp =
+        ((size_t)RB * C * 544 + RING_XB * 36 + RB * 8 + 15) / 16 * 16; /* bulk copies: 16-byte aligned */
+    static constexpr size_t smem = PERSIST_WARPS * warp + (4 * 4 * 32 + 8 * 64) * 4;
+};
+
+template <int C, int RB>
+__global__ void __launch_bounds__(PERSIST_WARPS * 32) k_persist_bulk(int n, unsigned *done, int waits) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    unsigned char *wb = smem + warp * bulk_shape<C, RB>::warp; /* [RB][C][512] weights, then [RB][C][32] */
+    unsigned char *sb = wb + RB * C * 512;
+    uint32_t *xs = (uint32_t *)(sb + RB * C * 32);
+    float *ds = (float *)(xs + RING_XB * 8);
+    uint64_t *full = (uint64_t *)(ds + RING_XB);
+    float *red = (float *)(smem + PERSIST_WARPS * bulk_shape<C, RB>::warp), *gb = red + 4 * 4 * 32;
+    if (lane == 0)
+        for (int s = 0; s < RB; s++) mb_init(full + s);
+    __syncwarp();
+    ring_item is{0, blockIdx.x}, cs{0, blockIdx.x};
+    ring_find(is, n, warp);
+    ring_find(cs, n, warp);
+    int iit = 0, islot = 0, cslot = 0;
+    unsigned cphase = 0;
+    /* One stage per call: up to C tiles of the item at the issue cursor, by lane 0. */
+    auto issue = [&]() {
+        if (lane == 0) {
+            if (is.p < n && is.active) {
+                const int cnt = min(C, is.nbw - iit);
+                mb_expect(full + islot, cnt * 544);
+                bulk_copy(wb + islot * C * 512, is.ap + iit * 32, cnt * 512, full + islot);
+                bulk_copy(sb + islot * C * 32, is.sp8 + iit * 8, cnt * 32, full + islot);
+            } else
+                mb_arrive(full + islot);
+        }
+        if (is.p < n && (iit += min(C, is.nbw - iit)) == is.nbw)
+            iit = 0, is.vb += gridDim.x, ring_find(is, n, warp);
+        if (++islot == RB) islot = 0;
+    };
+#pragma unroll 1
+    for (int st = 0; st < RB; st++) issue();
+    while (cs.p < n) {
+        const q8_args &a = c_ops[cs.p].a;
+        if (waits == 1 && cs.p > 0) {
+            if (lane == 0) wait_done(done + cs.p - 1, c_ops[cs.p - 1].grid);
+            __syncwarp();
+        }
+        if (waits < 2) ring_load_x(a, cs, lane, xs, ds);
+        float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 1
+        for (int it = 0; it < cs.nbw; it += C) {
+            const int cnt = min(C, cs.nbw - it);
+            mb_wait(full + cslot, cphase);
+            if (cs.active)
+#pragma unroll
+                for (int u = 0; u < C; u++) {
+                    if (u >= cnt) break;
+                    const int4 A = *(const int4 *)(wb + (cslot * C + u) * 512 + lane * 16);
+                    const uint32_t S = ((const uint32_t *)(sb + (cslot * C + u) * 32))[g];
+                    const int k = it + u;
+                    const uint32_t b0 = g == 0 ? xs[k * 8 + 2 * c] : 0u,
+                                   b1 = g == 0 ? xs[k * 8 + 2 * c + 1] : 0u;
+                    int d[4];
+                    mma_s8(d, A, b0, b1);
+                    q8_scale_add<4>(acc[0], d, half_lo(S), half_hi(S), make_float2(ds[k], 0.f));
+                }
+            __syncwarp(); /* every lane is past the stage before its refill */
+            if (++cslot == RB) cslot = 0, cphase ^= 1;
+            issue();
+        }
+        if (waits == 2) { /* the stream and the products only: no merge, no output (kept live) */
+            if (acc[0][0] == 1e30f) red[lane] = acc[0][2];
+            cs.vb += gridDim.x;
+            ring_find(cs, n, warp);
+            continue;
+        }
+        const int fin = gemm_merge<1>(acc, a.sp, cs.group, cs.kci, red);
+        if (fin >= 0 && c_ops[cs.p].mode == Q8_GLU) {
+            const int r = warp / a.sp.w;
+            if (fin)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    gb[(2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[0][j];
+            __syncthreads();
+            if (warp == 0) q8_glu_out(a, 0, cs.group, a.N / 64, gb[lane], gb[32 + lane]);
+        } else if (fin > 0 && cs.active && c == 0)
+#pragma unroll
+            for (int j = 0; j < 4; j += 2) {
+                const int row = cs.tile * 16 + g + (j >> 1) * 8;
+                if (row >= a.N) continue;
+                if (c_ops[cs.p].mode == Q8_ADD)
+                    q8_out<Q8_ADD>(a, row, 0, acc[0][j]);
+                else
+                    q8_out<Q8_STORE>(a, row, 0, acc[0][j]);
+            }
+        count_done(done + cs.p);
+        cs.vb += gridDim.x;
+        ring_find(cs, n, warp);
+    }
+    /* the stages issued past the last item complete before the block exits */
+    for (int s = 0; s < RB; s++) {
+        mb_wait(full + cslot, cphase);
+        if (++cslot == RB) cslot = 0, cphase ^= 1;
+    }
+}
+
+typedef void (*persist_kernel)(int, unsigned *, int);
+static persist_kernel persist_pick(int form, size_t *smem) {
+    switch (form) {
+    case 0:
+        *smem = 0;
+        return k_persist_blocks;
+    case 1:
+        *smem = RING_SMEM;
+        return k_persist_ring;
+    case 2:
+        *smem = bulk_shape<2, 8>::smem;
+        return k_persist_bulk<2, 8>;
+    case 3:
+        *smem = bulk_shape<4, 4>::smem;
+        return k_persist_bulk<4, 4>;
+    default:
+        *smem = bulk_shape<8, 3>::smem;
+        return k_persist_bulk<8, 3>;
+    }
+}
+
+int fmc_q8_persist_prepare(const fmc_persist_product *pr, int n, int8_t *oq, float *od, int form, int *grid,
                            int *smem) {
     if (n < 1 || n > PERSIST_MAX) return -1;
     static persist_op ops[PERSIST_MAX];
@@ -219,8 +383,9 @@ int fmc_q8_persist_prepare(const fmc_persist_product *pr, int n, int8_t *oq, flo
         if (w->sp.rt * w->sp.w != PERSIST_WARPS || (w->K / 32) / (w->sp.w * w->sp.kc) > RING_XB) return -2;
         sm = std::max(sm, q8_smem(&w->sp, 1, pr[i].mode));
     }
-    if (ring) sm = RING_SMEM;
-    const auto k = ring ? k_persist_ring : k_persist_blocks;
+    size_t fsm = 0;
+    const persist_kernel k = persist_pick(form, &fsm);
+    if (form) sm = fsm;
     int per = 0;
     if (cudaMemcpyToSymbol(c_ops, ops, sizeof(persist_op) * n) != cudaSuccess ||
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess ||
@@ -231,7 +396,8 @@ int fmc_q8_persist_prepare(const fmc_persist_product *pr, int n, int8_t *oq, flo
     return 0;
 }
 
-void fmc_q8_persist_launch(int ring, unsigned *done, int n, int waits, int grid, int smem, cudaStream_t s) {
+void fmc_q8_persist_launch(int form, unsigned *done, int n, int waits, int grid, int smem, cudaStream_t s) {
     cudaMemsetAsync(done, 0, sizeof(unsigned) * n, s);
-    (ring ? k_persist_ring : k_persist_blocks)<<<grid, PERSIST_WARPS * 32, smem, s>>>(n, done, waits);
+    size_t fsm = 0;
+    persist_pick(form, &fsm)<<<grid, PERSIST_WARPS * 32, smem, s>>>(n, done, waits);
 }
