@@ -8,7 +8,7 @@
  * anchor and position in device memory). Kernels of a forward of up to 32 rows are chained with
  * programmatic dependent launch (cuda_device.cuh), so a matrix product streams its first weights while the
  * kernel before it finishes. The context extension of the drafter is launched directly (its row count
- * changes).
+ * changes), chained the same way.
  * Invariants: the KV cache holds positions 0 .. pos-1; feature rows of the last eval wait in `pending`
  * (device) until the next draft extends the drafter's context with them, as the CPU backend does. */
 #include <math.h>
@@ -99,6 +99,7 @@ struct fm_cuda_backend {
     int32_t *d_anchor;
     int *d_dpos;
     int dsplits;    /* FMC_ATT_SPLIT-key splits of the drafter's context */
+    fmc_dr_kv_layers dkv_layers; /* every layer's cross key norm and K/V caches, for fmc_dr_kv_rows */
     float *dpart;   /* [block][n_heads][dsplits][head_dim + 2] */
     float *pending; /* [pend_cap][fw] */
     int pend_rows, pend_start, pend_cap;
@@ -257,6 +258,8 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
     if (H % 32) return fail(err, errlen, "cuda: drafter target_dim must be a multiple of 32");
     if (!fmc_attn_head_dim_ok(hd))
         return fail(err, errlen, "cuda: drafter head_dim must be 16, 32, 64, 128 or 256");
+    if (hp->n_layers > FMC_DR_MAX_LAYERS)
+        return fail(err, errlen, "cuda: drafter has more than 16 layers; the CUDA backend runs up to 16");
     if (d->max_ctx + 1 > FMC_DR_ATT_MAX_L)
         return fail(err, errlen,
                     "cuda: drafter context too long for the CUDA cross-attention (40000 positions)");
@@ -301,6 +304,7 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
             return -1;
         DALLOC(o->kc, (size_t)b->dmax_ctx * D * 2);
         DALLOC(o->vc, (size_t)b->dmax_ctx * D * 2);
+        b->dkv_layers.w[l] = o->ck_norm, b->dkv_layers.kc[l] = o->kc, b->dkv_layers.vc[l] = o->vc;
     }
     {
         std::vector<const fm_matrix *> kv;
@@ -706,15 +710,14 @@ static int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start
     cudaStream_t s = b->st;
     for (int c = 0; c < n; c += DRAFT_ROWS) {
         const int T = std::min((int)DRAFT_ROWS, n - c), p0 = start + c;
+        /* after fc, each kernel reads the one before it: PDL as in a forward of up to 32 rows */
+        const int pdl = b->use_pdl && T <= GRAPH_MAX_T;
         dmm(b, &b->fc, src + (size_t)c * b->fw, b->fw, T, b->dx, D, NULL, FMC_BF16_STORE, NULL, 0);
-        fmc_rmsnorm_rows(b->dx, b->hidden_norm, T, D, hp->rms_eps, b->dh, 0, s);
+        fmc_rmsnorm_rows(b->dx, b->hidden_norm, T, D, hp->rms_eps, b->dh, pdl, s);
         const int KW = 2 * D * hp->n_layers;
-        dmm(b, &b->ckv, b->dh, D, T, b->dkv, KW, NULL, FMC_BF16_STORE, NULL, 0);
-        for (int l = 0; l < hp->n_layers; l++) {
-            float *kv = b->dkv + (size_t)l * 2 * D;
-            fmc_dr_norm_rope(kv, KW, T, hp->n_heads, hp->head_dim, b->DL[l].ck_norm, NULL, hp->qk_eps, NULL,
-                             p0, b->inv_freq, kv + D, b->DL[l].kc, b->DL[l].vc, 0, s);
-        }
+        dmm(b, &b->ckv, b->dh, D, T, b->dkv, KW, NULL, FMC_BF16_STORE, NULL, pdl);
+        fmc_dr_kv_rows(b->dkv, KW, T, hp->n_heads, hp->head_dim, hp->n_layers, 2 * (size_t)D, D, &b->dkv_layers,
+                       hp->qk_eps, NULL, p0, b->inv_freq, pdl, s);
     }
     CK(cudaGetLastError());
     b->dlength = start + n;
@@ -759,11 +762,8 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
     fmc_rmsnorm_rows(b->dx, b->anchor_norm, 1, D, hp->rms_eps, b->dh, pdl, s);
     const int KW = 2 * D * hp->n_layers;
     dmm(b, &b->ckv, b->dh, D, 1, b->dkv, KW, NULL, FMC_BF16_STORE, NULL, pdl);
-    for (int l = 0; l < hp->n_layers; l++) {
-        float *kv = b->dkv + (size_t)l * 2 * D;
-        fmc_dr_norm_rope(kv, KW, 1, nh, hd, b->DL[l].ck_norm, NULL, hp->qk_eps, b->d_dpos, 0, b->inv_freq,
-                         kv + D, b->DL[l].kc, b->DL[l].vc, pdl, s);
-    }
+    fmc_dr_kv_rows(b->dkv, KW, 1, nh, hd, hp->n_layers, 2 * (size_t)D, D, &b->dkv_layers, hp->qk_eps, b->d_dpos, 0,
+                   b->inv_freq, pdl, s);
     /* 2. Slots at pos+1 .. pos+K from slot_input. 3. The layers. */
     fmc_broadcast_row(b->slot_input, K, D, b->dx, pdl, s);
     for (int l = 0; l < hp->n_layers; l++) {

@@ -152,12 +152,10 @@ void fmc_ln_mod_rows(const float *x, const float *scale, const float *shift, int
     fmc_launch(k_ln_mod_rows, dim3(T), dim3(256), 0, s, pdl, x, scale, shift, n, eps, y);
 }
 
-/* grid (T, n_heads or 2 n_heads with w2: blocks of the second set take the heads after the first). */
-__global__ void k_dr_norm_rope(float *x, int ld, int hd, const float *w, const float *w2, float eps,
-                               const int *dpos, int pos0, const float *inv_freq, const float *v, __half *kc,
-                               __half *vc, int D) {
-    pdl_trigger();
-    pdl_wait();
+/* Row blockIdx.x, head blockIdx.y of one launch of fmc_dr_norm_rope (heads past n_heads: the second set). */
+__device__ __forceinline__ void dr_norm_rope_head(float *x, int ld, int hd, const float *w, const float *w2,
+                                                  float eps, const int *dpos, int pos0, const float *inv_freq,
+                                                  const float *v, __half *kc, __half *vc, int D) {
     const int set = blockIdx.y * hd >= D, t = blockIdx.x, h = blockIdx.y - set * (D / hd), half = hd / 2;
     const int p0 = pos0 + (dpos ? *dpos : 0);
     if (set) w = w2;
@@ -190,6 +188,25 @@ __global__ void k_dr_norm_rope(float *x, int ld, int hd, const float *w, const f
             vc[(size_t)(p0 + t) * D + h * hd + i] = __float2half_rn(__ldcg(v + (size_t)t * ld + h * hd + i));
 }
 
+/* grid (T, n_heads or 2 n_heads with w2: blocks of the second set take the heads after the first). */
+__global__ void k_dr_norm_rope(float *x, int ld, int hd, const float *w, const float *w2, float eps,
+                               const int *dpos, int pos0, const float *inv_freq, const float *v, __half *kc,
+                               __half *vc, int D) {
+    pdl_trigger();
+    pdl_wait();
+    dr_norm_rope_head(x, ld, hd, w, w2, eps, dpos, pos0, inv_freq, v, kc, vc, D);
+}
+
+/* grid (T, n_heads, layers): layer blockIdx.z's cross keys and values into its caches. */
+__global__ void k_dr_kv_layers(float *x, int ld, int hd, size_t lstride, size_t vofs, const fmc_dr_kv_layers L,
+                               float eps, const int *dpos, int pos0, const float *inv_freq, int D) {
+    pdl_trigger();
+    pdl_wait();
+    const int l = blockIdx.z;
+    float *xl = x + (size_t)l * lstride;
+    dr_norm_rope_head(xl, ld, hd, L.w[l], NULL, eps, dpos, pos0, inv_freq, xl + vofs, L.kc[l], L.vc[l], D);
+}
+
 void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, const float *w2,
                       float eps, const int *dpos, int pos0, const float *inv_freq, const float *v,
                       __half *k_cache, __half *v_cache, int pdl, cudaStream_t s) {
@@ -197,6 +214,13 @@ void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float 
     /* Each thread reads exactly the pair it writes, so the in-place update needs no barrier. */
     fmc_launch(k_dr_norm_rope, grid, dim3(64), 0, s, pdl, x, ld, hd, w, w2, eps, dpos, pos0, inv_freq, v,
                k_cache, v_cache, n_heads * hd);
+}
+
+void fmc_dr_kv_rows(float *x, int ld, int T, int n_heads, int hd, int n_layers, size_t lstride, size_t vofs,
+                    const fmc_dr_kv_layers *L, float eps, const int *dpos, int pos0, const float *inv_freq, int pdl,
+                    cudaStream_t s) {
+    fmc_launch(k_dr_kv_layers, dim3(T, n_heads, n_layers), dim3(64), 0, s, pdl, x, ld, hd, lstride, vofs, *L, eps,
+               dpos, pos0, inv_freq, n_heads * hd);
 }
 
 /* grid (n_heads, T), 128 threads: scores of all L keys in shared memory (L read from the device so that a

@@ -210,6 +210,17 @@ void fmc_ln_mod_rows(const float *x, const float *scale, const float *shift, int
 void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, const float *w2,
                       float eps, const int *dpos, int pos0, const float *inv_freq, const float *v,
                       __half *k_cache, __half *v_cache, int pdl, cudaStream_t s);
+/* The drafter's cross keys and values of every layer in one launch: layer l's keys are x + l * lstride (row
+ * stride ld), its values x + l * lstride + vofs, its key norm L->w[l], its caches L->kc[l] / L->vc[l]; each
+ * layer as fmc_dr_norm_rope with k_cache would do it (the same bits). n_layers <= FMC_DR_MAX_LAYERS. */
+enum { FMC_DR_MAX_LAYERS = 16 };
+typedef struct {
+    const float *w[FMC_DR_MAX_LAYERS];
+    __half *kc[FMC_DR_MAX_LAYERS], *vc[FMC_DR_MAX_LAYERS];
+} fmc_dr_kv_layers;
+void fmc_dr_kv_rows(float *x, int ld, int T, int n_heads, int hd, int n_layers, size_t lstride, size_t vofs,
+                    const fmc_dr_kv_layers *L, float eps, const int *dpos, int pos0, const float *inv_freq, int pdl,
+                    cudaStream_t s);
 /* o[t][h] = softmax(q . k / sqrt(hd)) v over L = L0 + (dL ? *dL : 0) keys, no mask; K/V f32 (ld strides) or
  * f16 caches. With dL, L may be up to Lmax <= FMC_DR_ATT_MAX_L (shared memory is sized for Lmax). With xq
  * (hd a multiple of 32), o is not written: the rows go quantised into xq, xd (fragment order, K = n_heads
