@@ -35,7 +35,7 @@ build() {
   local CUDA_LIB; CUDA_LIB=$(dirname "$(command -v nvcc)")/../lib64
   gcc $CFLAGS -I"$ROOT/tests" "$ROOT/tests/cuda/test_cuda_parity.c" $LIBS -L"$CUDA_LIB" -o "$B/test_cuda_parity" || return 1
   gcc $CFLAGS -I"$ROOT/tests" "$ROOT/bench/cuda/bench_cuda.c" $LIBS -L"$CUDA_LIB" -o "$B/bench_cuda" || return 1
-  nvcc -std=c++17 -O3 $ARCH "$ROOT/bench/cuda/persistent_probe.cu" -o "$B/persistent_probe" || return 1
+  nvcc -std=c++17 -O3 $ARCH -I"$ROOT/src" "$ROOT/bench/cuda/persistent_probe.cu" -o "$B/persistent_probe" || return 1
 }
 
 export LD_LIBRARY_PATH="$DEPS/lib:${LD_LIBRARY_PATH:-}"

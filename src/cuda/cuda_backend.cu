@@ -994,27 +994,6 @@ static void time_one(fm_cuda_backend *b, int which, int l, int T, int pdl) {
     }
 }
 
-/* Median milliseconds of `reps` replays of a graph (after 2 unmeasured ones). */
-static double graph_median_ms(cudaGraphExec_t ge, cudaStream_t s, int reps) {
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    std::vector<float> ms;
-    for (int i = 0; i < reps + 2; i++) {
-        cudaEventRecord(e0, s);
-        cudaGraphLaunch(ge, s);
-        cudaEventRecord(e1, s);
-        cudaEventSynchronize(e1);
-        float t = 0;
-        cudaEventElapsedTime(&t, e0, e1);
-        if (i >= 2) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return ms[ms.size() / 2];
-}
-
 extern "C" double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T, int pdl, uint64_t *bytes) {
     if (which >= 6 && (!b->has_drafter || T > b->dhp.block)) return -1;
     const int reps = which == 4 ? 4 : which >= 6 ? b->dhp.n_layers : b->n_layers;
@@ -1037,7 +1016,7 @@ extern "C" double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T
     const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
     cudaGraphDestroy(g);
     if (e != cudaSuccess) return -1;
-    const double ms = graph_median_ms(ge, b->st, 10);
+    const double ms = fmc_median_ms([&] { cudaGraphLaunch(ge, b->st); }, b->st, 2, 10);
     cudaGraphExecDestroy(ge);
     if (cudaGetLastError() != cudaSuccess) return -1;
     return ms * 1e3 / reps;
@@ -1121,7 +1100,7 @@ extern "C" double fm_cuda_debug_persist(fm_cuda_backend *b, int form, int waits)
     const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
     cudaGraphDestroy(g);
     if (e != cudaSuccess) return -1;
-    const double ms = graph_median_ms(ge, b->st, 20);
+    const double ms = fmc_median_ms([&] { cudaGraphLaunch(ge, b->st); }, b->st, 2, 20);
     cudaGraphExecDestroy(ge);
     return cudaGetLastError() != cudaSuccess ? -1 : ms;
 }

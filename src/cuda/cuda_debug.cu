@@ -16,25 +16,10 @@ extern "C" double fm_cuda_debug_copy_bandwidth(size_t bytes, int reps) {
         return 0;
     }
     cudaMemset(a, 1, bytes);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    std::vector<float> ms;
-    for (int i = 0; i < reps + 2; i++) {
-        cudaEventRecord(e0);
-        cudaMemcpy(c, a, bytes, cudaMemcpyDeviceToDevice);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float t = 0;
-        cudaEventElapsedTime(&t, e0, e1);
-        if (i >= 2) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    const double ms = fmc_median_ms([&] { cudaMemcpyAsync(c, a, bytes, cudaMemcpyDeviceToDevice, 0); }, 0, 2, reps);
     cudaFree(a);
     cudaFree(c);
-    return ms.empty() ? 0 : 2.0 * (double)bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
+    return ms > 0 ? 2.0 * (double)bytes / (ms * 1e-3) / 1e9 : 0;
 }
 
 extern "C" void fm_cuda_debug_device_name(char *buf, size_t len) {

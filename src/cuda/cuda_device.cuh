@@ -65,6 +65,41 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+/* Bulk copies by the copy engine with mbarrier completion (sm_90; the bench's persistent kernels and probe
+ * only: elsewhere they trap). A barrier of `count` arrivals; mb_expect arrives and adds the bytes the
+ * copies signalled on it will bring; mb_wait spins until the phase of the given parity completes. */
+__device__ __forceinline__ unsigned smem_addr(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FM_SM90_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define FM_SM90_ASM(...) __trap()
+#endif
+__device__ __forceinline__ void mb_init(uint64_t *b, unsigned count) {
+    FM_SM90_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_expect(uint64_t *b, unsigned bytes) {
+    FM_SM90_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes)
+                : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint64_t *b) {
+    FM_SM90_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint64_t *b, unsigned parity) {
+    FM_SM90_ASM("{\n.reg .pred p;\nW%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W%=;\n}" ::"r"(
+                    smem_addr(b)),
+                "r"(parity)
+                : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *b) {
+    FM_SM90_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                    smem_addr(dst)),
+                "l"(src), "r"(bytes), "r"(smem_addr(b))
+                : "memory");
+}
+#undef FM_SM90_ASM
+
 __device__ __forceinline__ float ld_cg(const float *p) {
     return __ldcg(p);
 }

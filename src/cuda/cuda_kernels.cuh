@@ -28,7 +28,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 /* How a product splits its work (fixed per matrix, never by T): a group of rt row tiles (1; 4 for the
  * gate/up product: 32 gate + 32 up rows) is computed by kc blocks, each of rt * w warps; warp (r, i) of block
@@ -78,6 +80,28 @@ static inline void fmc_launch(void (*k)(P...), dim3 grid, dim3 block, size_t sme
     cfg.attrs = at;
     cfg.numAttrs = pdl ? 1 : 0;
     cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
+
+/* Median milliseconds of `reps` calls of run() on stream s, each timed by events, after `warm` unmeasured
+ * ones (benchmarks and device checks). */
+template <class F> static double fmc_median_ms(F &&run, cudaStream_t s, int warm, int reps) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<float> ms;
+    for (int i = 0; i < warm + reps; i++) {
+        cudaEventRecord(e0, s);
+        run();
+        cudaEventRecord(e1, s);
+        cudaEventSynchronize(e1);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (i >= warm) ms.push_back(t);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    std::sort(ms.begin(), ms.end());
+    return ms.empty() ? 0 : ms[ms.size() / 2];
 }
 
 /* ---- Q8_0 (cuda_q8.cu) ---- */

@@ -130,9 +130,67 @@ __device__ __forceinline__ void ring_load_x(const q8_args &a, const ring_item &c
     __syncwarp();
 }
 
+/* Before a warp's tiles of item c: the wait for the product before it (waits == 1) and its activations
+ * (not in the stream-only mode, waits == 2). */
+__device__ __forceinline__ void ring_begin(const ring_item &c, int waits, const unsigned *done, int lane,
+                                           uint32_t *xs, float *ds) {
+    if (waits == 1 && c.p > 0) {
+        if (lane == 0) wait_done(done + c.p - 1, c_ops[c.p - 1].grid);
+        __syncwarp();
+    }
+    if (waits < 2) ring_load_x(c_ops[c.p].a, c, lane, xs, ds);
+}
+
+/* Tile k of the item from its stage (weights w, scale pairs sc): the narrow kernel's step at T = 1, lanes
+ * 0..3 holding token 0's B fragment. */
+__device__ __forceinline__ void ring_tile(float (&acc)[4], const unsigned char *w, const unsigned char *sc,
+                                          const uint32_t *xs, const float *ds, int k, int lane) {
+    const int g = lane >> 2, c = lane & 3;
+    const int4 A = *(const int4 *)(w + lane * 16);
+    const uint32_t S = ((const uint32_t *)sc)[g];
+    const uint32_t b0 = g == 0 ? xs[k * 8 + 2 * c] : 0u, b1 = g == 0 ? xs[k * 8 + 2 * c + 1] : 0u;
+    int d[4];
+    mma_s8(d, A, b0, b1);
+    q8_scale_add<4>(acc, d, half_lo(S), half_hi(S), make_float2(ds[k], 0.f));
+}
+
+/* After a warp's tiles of item c: the merge of the partial sums, the product's output and the block's count
+ * (the stream-only mode: none of it); then the warp's next item. */
+__device__ __forceinline__ void ring_end(ring_item &c, int n, int waits, float (&acc)[1][4], float *red,
+                                         float *gb, unsigned *done, int warp, int lane) {
+    const q8_args &a = c_ops[c.p].a;
+    const int g = lane >> 2, q = lane & 3;
+    if (waits == 2) {
+        if (acc[0][0] == 1e30f) red[lane] = acc[0][2]; /* keeps the products live */
+    } else {
+        const int fin = gemm_merge<1>(acc, a.sp, c.group, c.kci, red);
+        if (fin >= 0 && c_ops[c.p].mode == Q8_GLU) {
+            const int r = warp / a.sp.w;
+            if (fin)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    gb[(2 * q + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[0][j];
+            __syncthreads();
+            if (warp == 0) q8_glu_out(a, 0, c.group, a.N / 64, gb[lane], gb[32 + lane]);
+        } else if (fin > 0 && c.active && q == 0)
+#pragma unroll
+            for (int j = 0; j < 4; j += 2) { /* token 0: rows g, g + 8 */
+                const int row = c.tile * 16 + g + (j >> 1) * 8;
+                if (row >= a.N) continue;
+                if (c_ops[c.p].mode == Q8_ADD)
+                    q8_out<Q8_ADD>(a, row, 0, acc[0][j]);
+                else
+                    q8_out<Q8_STORE>(a, row, 0, acc[0][j]);
+            }
+        count_done(done + c.p);
+    }
+    c.vb += gridDim.x;
+    ring_find(c, n, warp);
+}
+
 __global__ void __launch_bounds__(PERSIST_WARPS * 32) k_persist_ring(int n, unsigned *done, int waits) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     unsigned char *wb = smem + warp * RING_WARP;
     uint32_t *xs = (uint32_t *)(wb + RING * RING_SB); /* [RING_XB][8] */
     float *ds = (float *)(xs + RING_XB * 8);          /* [RING_XB] */
@@ -156,91 +214,24 @@ __global__ void __launch_bounds__(PERSIST_WARPS * 32) k_persist_ring(int n, unsi
 #pragma unroll 1
     for (int st = 0; st < RING; st++) issue();
     while (cs.p < n) {
-        const q8_args &a = c_ops[cs.p].a;
-        if (waits == 1 && cs.p > 0) {
-            if (lane == 0) wait_done(done + cs.p - 1, c_ops[cs.p - 1].grid);
-            __syncwarp();
-        }
-        if (waits < 2) ring_load_x(a, cs, lane, xs, ds);
+        ring_begin(cs, waits, done, lane, xs, ds);
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
 #pragma unroll 1
         for (int it = 0; it < cs.nbw; it++) {
             cp_async_wait<RING - 1>();
             __syncwarp();
-            if (cs.active) { /* the narrow kernel's step at T = 1: lanes 0..3 hold token 0's B fragment */
-                const int4 A = *(const int4 *)(wb + cslot * RING_SB + lane * 16);
-                const uint32_t S = ((const uint32_t *)(wb + cslot * RING_SB + 512))[g];
-                const uint32_t b0 = g == 0 ? xs[it * 8 + 2 * c] : 0u,
-                               b1 = g == 0 ? xs[it * 8 + 2 * c + 1] : 0u;
-                int d[4];
-                mma_s8(d, A, b0, b1);
-                q8_scale_add<4>(acc[0], d, half_lo(S), half_hi(S), make_float2(ds[it], 0.f));
-            }
+            if (cs.active)
+                ring_tile(acc[0], wb + cslot * RING_SB, wb + cslot * RING_SB + 512, xs, ds, it, lane);
             __syncwarp();
             if (++cslot == RING) cslot = 0;
             issue();
         }
-        if (waits == 2) { /* the stream and the products only: no merge, no output (kept live) */
-            if (acc[0][0] == 1e30f) red[lane] = acc[0][2];
-            cs.vb += gridDim.x;
-            ring_find(cs, n, warp);
-            continue;
-        }
-        const int fin = gemm_merge<1>(acc, a.sp, cs.group, cs.kci, red);
-        if (fin >= 0 && c_ops[cs.p].mode == Q8_GLU) {
-            const int r = warp / a.sp.w;
-            if (fin)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    gb[(2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[0][j];
-            __syncthreads();
-            if (warp == 0) q8_glu_out(a, 0, cs.group, a.N / 64, gb[lane], gb[32 + lane]);
-        } else if (fin > 0 && cs.active && c == 0)
-#pragma unroll
-            for (int j = 0; j < 4; j += 2) { /* token 0: rows g, g + 8 */
-                const int row = cs.tile * 16 + g + (j >> 1) * 8;
-                if (row >= a.N) continue;
-                if (c_ops[cs.p].mode == Q8_ADD)
-                    q8_out<Q8_ADD>(a, row, 0, acc[0][j]);
-                else
-                    q8_out<Q8_STORE>(a, row, 0, acc[0][j]);
-            }
-        count_done(done + cs.p);
-        cs.vb += gridDim.x;
-        ring_find(cs, n, warp);
+        ring_end(cs, n, waits, acc, red, gb, done, warp, lane);
     }
     cp_async_wait<0>();
 }
 
 /* ---- bulk ring: the ring with stages of C tiles moved by the copy engine (cp.async.bulk + mbarrier) ---- */
-
-__device__ __forceinline__ unsigned smem_addr(const void *p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void mb_init(uint64_t *b) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(b)) : "memory");
-}
-__device__ __forceinline__ void mb_expect(uint64_t *b, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mb_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
-}
-__device__ __forceinline__ void mb_wait(uint64_t *b, unsigned parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nW%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W%=;\n}" ::
-            "r"(smem_addr(b)),
-        "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *b) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(b))
-        : "memory");
-}
 
 template <int C, int RB> struct bulk_shape {
     static constexpr size_t warp =
@@ -251,7 +242,7 @@ template <int C, int RB> struct bulk_shape {
 template <int C, int RB>
 __global__ void __launch_bounds__(PERSIST_WARPS * 32) k_persist_bulk(int n, unsigned *done, int waits) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     unsigned char *wb = smem + warp * bulk_shape<C, RB>::warp; /* [RB][C][512] weights, then [RB][C][32] */
     unsigned char *sb = wb + RB * C * 512;
     uint32_t *xs = (uint32_t *)(sb + RB * C * 32);
@@ -259,7 +250,7 @@ __global__ void __launch_bounds__(PERSIST_WARPS * 32) k_persist_bulk(int n, unsi
     uint64_t *full = (uint64_t *)(ds + RING_XB);
     float *red = (float *)(smem + PERSIST_WARPS * bulk_shape<C, RB>::warp), *gb = red + 4 * 4 * 32;
     if (lane == 0)
-        for (int s = 0; s < RB; s++) mb_init(full + s);
+        for (int s = 0; s < RB; s++) mb_init(full + s, 1);
     __syncwarp();
     ring_item is{0, blockIdx.x}, cs{0, blockIdx.x};
     ring_find(is, n, warp);
@@ -284,12 +275,7 @@ __global__ void __launch_bounds__(PERSIST_WARPS * 32) k_persist_bulk(int n, unsi
 #pragma unroll 1
     for (int st = 0; st < RB; st++) issue();
     while (cs.p < n) {
-        const q8_args &a = c_ops[cs.p].a;
-        if (waits == 1 && cs.p > 0) {
-            if (lane == 0) wait_done(done + cs.p - 1, c_ops[cs.p - 1].grid);
-            __syncwarp();
-        }
-        if (waits < 2) ring_load_x(a, cs, lane, xs, ds);
+        ring_begin(cs, waits, done, lane, xs, ds);
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
 #pragma unroll 1
         for (int it = 0; it < cs.nbw; it += C) {
@@ -299,47 +285,14 @@ __global__ void __launch_bounds__(PERSIST_WARPS * 32) k_persist_bulk(int n, unsi
 #pragma unroll
                 for (int u = 0; u < C; u++) {
                     if (u >= cnt) break;
-                    const int4 A = *(const int4 *)(wb + (cslot * C + u) * 512 + lane * 16);
-                    const uint32_t S = ((const uint32_t *)(sb + (cslot * C + u) * 32))[g];
-                    const int k = it + u;
-                    const uint32_t b0 = g == 0 ? xs[k * 8 + 2 * c] : 0u,
-                                   b1 = g == 0 ? xs[k * 8 + 2 * c + 1] : 0u;
-                    int d[4];
-                    mma_s8(d, A, b0, b1);
-                    q8_scale_add<4>(acc[0], d, half_lo(S), half_hi(S), make_float2(ds[k], 0.f));
+                    ring_tile(acc[0], wb + (cslot * C + u) * 512, sb + (cslot * C + u) * 32, xs, ds, it + u,
+                              lane);
                 }
             __syncwarp(); /* every lane is past the stage before its refill */
             if (++cslot == RB) cslot = 0, cphase ^= 1;
             issue();
         }
-        if (waits == 2) { /* the stream and the products only: no merge, no output (kept live) */
-            if (acc[0][0] == 1e30f) red[lane] = acc[0][2];
-            cs.vb += gridDim.x;
-            ring_find(cs, n, warp);
-            continue;
-        }
-        const int fin = gemm_merge<1>(acc, a.sp, cs.group, cs.kci, red);
-        if (fin >= 0 && c_ops[cs.p].mode == Q8_GLU) {
-            const int r = warp / a.sp.w;
-            if (fin)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    gb[(2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[0][j];
-            __syncthreads();
-            if (warp == 0) q8_glu_out(a, 0, cs.group, a.N / 64, gb[lane], gb[32 + lane]);
-        } else if (fin > 0 && cs.active && c == 0)
-#pragma unroll
-            for (int j = 0; j < 4; j += 2) {
-                const int row = cs.tile * 16 + g + (j >> 1) * 8;
-                if (row >= a.N) continue;
-                if (c_ops[cs.p].mode == Q8_ADD)
-                    q8_out<Q8_ADD>(a, row, 0, acc[0][j]);
-                else
-                    q8_out<Q8_STORE>(a, row, 0, acc[0][j]);
-            }
-        count_done(done + cs.p);
-        cs.vb += gridDim.x;
-        ring_find(cs, n, warp);
+        ring_end(cs, n, waits, acc, red, gb, done, warp, lane);
     }
     /* the stages issued past the last item complete before the block exits */
     for (int s = 0; s < RB; s++) {
