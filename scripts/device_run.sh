@@ -3,7 +3,7 @@
 # libcurl, no libcrypto: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc
 # come from the carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
 # the full-size benchmark, the persistent-kernel probe and the PyTorch peer.
-# usage: scripts/device_run.sh [parity|sanitize|bench|probe|persist|peer|llama]...
+# usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|peer|llama]...
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${BUILD:-/tmp/fmb}
@@ -55,6 +55,10 @@ for step in "$@"; do
                 | tail -25 | tee "$OUT/sanitize.log" ;;
     bench) "$B/bench_cuda" "$WORK" 2>&1 | tee "$OUT/bench.log" ;;
     probe) "$B/persistent_probe" 5 2>&1 | tee "$OUT/probe.log" ;;
+    # long prompts: the same benchmark after LONG_PROMPTS tokens (default 4096 and 16384), 128 new tokens
+    long) for np in ${LONG_PROMPTS:-4096 16384}; do
+            "$B/bench_cuda" "$WORK" "$np" 128 2>&1 | tee "$OUT/bench_$np.log" | grep "RESULT" \
+              | grep -v "adaptive widths"; done ;;
     # the step's products in one persistent launch against a graph of launches (cuda_q8_persist.cu)
     persist) FM_BENCH_PERSIST=1 "$B/bench_cuda" "$WORK" 2>&1 | grep "RESULT" | tee "$OUT/persist.log" ;;
     peer) PYTHONUNBUFFERED=1 python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 | tee "$OUT/peer.log" ;;

@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
             return fprintf(stderr, "synth drafter: %s\n", err), 1;
         printf("synthesized drafter in %.1f s\n", hx_now() - t0);
     }
-    const int n_ctx = 2048;
+    const int n_ctx = NP + NEW + 256 > 2048 ? NP + NEW + 256 : 2048; /* long prompts: room for them */
     fm_drafter *d = NULL;
     if (fm_drafter_load(dpath, m, NULL, n_ctx, &d, err, sizeof err))
         return fprintf(stderr, "drafter: %s\n", err), 1;

@@ -6,6 +6,8 @@
  * shared memory once and serves all query heads of the group for up to 128 / G rows (a whole verify block),
  * one 16-query tile per warp on the f16 tensor cores, so a verify block reads the cache once instead of once
  * per group of rows and costs about what a single step's attention does. */
+#include <algorithm>
+
 #include "cuda/cuda_attn.cuh"
 
 enum { ATT_WARPS = 8, ATT_QROWS = 16 * ATT_WARPS /* queries of a block: one 16-row tile a warp */ };
@@ -68,11 +70,20 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
                q_norm, k_norm, eps, rope, pos, q_out, k_cache, v_cache);
 }
 
+/* FMC_ATT_LONG, for launches whose rows and heads fit one 16-row tile (steps, the drafter's 16 slots):
+ * blocks of ATT_STEP_WARPS warps (one computes, both load) with shared memory for that tile, spread over
+ * ATT_STEP_SPLIT_BLOCKS blocks per KV head, several to an SM. The 8-warp block holds 246 registers a thread
+ * (one block an SM) and leaves 7 of its 8 warps idle in a step: at 16k positions a step's attention ran at
+ * 0.5 TB/s. At short contexts the 2-warp block's two rounds of loads per split cost more than it gains
+ * (H200, plain step: 512 positions 2.72 -> 2.84 ms, 16k positions 7.60 -> 5.97 ms; 4 warps and 32 blocks:
+ * 2.77 and 6.39 ms). Same bits either way. */
+enum { ATT_STEP_QROWS = 16, ATT_STEP_WARPS = 2, ATT_STEP_SPLIT_BLOCKS = 64, ATT_SPLIT_BLOCKS = 16 };
+
 /* Shared memory of a split block: K [64][hd/2 + 4] half2 words, V [64][hd + 8] halves, the block's query
- * rows as two f16 parts [2][ATT_QROWS][hd + 8] (the pads spread a fragment's rows over all banks). */
-static size_t attn_smem(int hd) {
+ * rows as two f16 parts [2][qr][hd + 8] (the pads spread a fragment's rows over all banks). */
+static size_t attn_smem(int hd, int qr) {
     return (size_t)FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + (size_t)FMC_ATT_SPLIT * (hd + 8) * 2 +
-           (size_t)2 * ATT_QROWS * (hd + 8) * 2;
+           (size_t)2 * qr * (hd + 8) * 2;
 }
 
 /* grid (min(max_splits, ATT_SPLIT_BLOCKS), n_kv, ceil(T / rows)), ATT_WARPS warps, rows = ATT_QROWS / G
@@ -87,19 +98,21 @@ static size_t attn_smem(int hd) {
  * within f32 rounding of the exact attention over the f16 cache. A query's result depends only on its own
  * row of Q, the keys and its length, never on which tile or lane it landed in: the same bits whatever T is.
  */
-template <int HD>
-__global__ void __launch_bounds__(ATT_WARPS * 32)
+template <int HD, int QR, int NW>
+__global__ void __launch_bounds__(NW * 32)
     k_attn_split(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
                  const int *pos, int causal, int max_splits, float *part) {
     constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8;
+    constexpr int ROUNDS = (FMC_ATT_SPLIT * C8N + NW * 32 * 8 - 1) / (NW * 32 * 8); /* of the loads below */
+    static_assert(QR <= NW * 16, "a 16-row query tile per warp");
     extern __shared__ __align__(16) unsigned char smem[];
     uint32_t *Ks = (uint32_t *)smem;
     __half *Vs = (__half *)(Ks + FMC_ATT_SPLIT * KP);
-    __half *Qs = Vs + FMC_ATT_SPLIT * VP; /* [2][ATT_QROWS][QP]: high, low parts */
+    __half *Qs = Vs + FMC_ATT_SPLIT * VP; /* [2][QR][QP]: high, low parts */
     pdl_trigger();
     /* *pos comes from the host before the graph; cache rows below it were written by earlier forwards, so
      * the first split's rows below it load before the predecessor (which writes rows pos ..) is done. */
-    const int g = blockIdx.y, G = n_heads / n_kv, rows = ATT_QROWS / G, tb = blockIdx.z * rows;
+    const int g = blockIdx.y, G = n_heads / n_kv, rows = QR / G, tb = blockIdx.z * rows;
     const int p0 = *pos, te = min(T, tb + rows), nq = (te - tb) * G, kv_dim = n_kv * HD;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, c = lane & 3;
     const int maxlen = causal ? p0 + te : p0 + 1; /* the longest row of the block */
@@ -118,38 +131,42 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         const int j0 = s * FMC_ATT_SPLIT;
         if (tb >= T || maxlen <= j0) break;
         const int nload = min(FMC_ATT_SPLIT, maxlen - j0);
-        /* All of a thread's 16-byte loads in flight at once (at most 8 each for K and V: 64 keys x 256 dims);
-         * V rows past nload are zeroed (P is 0 there, and 0 * garbage could be NaN). */
-        int4 kr[8], vr[8];
-        for (int pass = 0; pass < 2; pass++) {
-            if (pass == 1 && !waited) {
-                pdl_wait(), waited = true;
-                /* the busy warps' tiles only (a step has 1 of 8) */
-                attn_load_q<HD, ATT_QROWS>(q, Qs, tb, g, G, n_heads, (nq + 15) / 16 * 16, nq);
+        /* A thread's 16-byte loads in rounds of 8 for K and V, all of a round in flight at once (8 warps: one
+         * round up to 64 keys x 256 dims); V rows past nload are zeroed (P is 0 there, and 0 * garbage could
+         * be NaN). */
+#pragma unroll 1
+        for (int r = 0; r < ROUNDS; r++) {
+            int4 kr[8], vr[8];
+            for (int pass = 0; pass < 2; pass++) {
+                if (pass == 1 && !waited) {
+                    pdl_wait(), waited = true;
+                    /* the busy warps' tiles only (a step has 1) */
+                    attn_load_q<HD, QR>(q, Qs, tb, g, G, n_heads, (nq + 15) / 16 * 16, nq);
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int idx = threadIdx.x + (r * 8 + u) * NW * 32, j = idx / C8N, c8 = idx - j * C8N;
+                    if (idx < nload * C8N && (j0 + j < p0) == (pass == 0)) {
+                        const size_t off = (size_t)(j0 + j) * kv_dim + (size_t)g * HD + c8 * 8;
+                        kr[u] = __ldcg((const int4 *)(kc + off));
+                        vr[u] = __ldcg((const int4 *)(vc + off));
+                    }
+                }
             }
 #pragma unroll
             for (int u = 0; u < 8; u++) {
-                const int idx = threadIdx.x + u * ATT_WARPS * 32, j = idx / C8N, c8 = idx - j * C8N;
-                if (idx < nload * C8N && (j0 + j < p0) == (pass == 0)) {
-                    const size_t off = (size_t)(j0 + j) * kv_dim + (size_t)g * HD + c8 * 8;
-                    kr[u] = __ldcg((const int4 *)(kc + off));
-                    vr[u] = __ldcg((const int4 *)(vc + off));
+                const int idx = threadIdx.x + (r * 8 + u) * NW * 32, j = idx / C8N, c8 = idx - j * C8N;
+                if (idx < FMC_ATT_SPLIT * C8N) {
+                    const bool in = idx < nload * C8N;
+                    *(int4 *)(Ks + j * KP + c8 * 4) = in ? kr[u] : make_int4(0, 0, 0, 0);
+                    *(int4 *)(Vs + j * VP + c8 * 8) = in ? vr[u] : make_int4(0, 0, 0, 0);
                 }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int idx = threadIdx.x + u * ATT_WARPS * 32, j = idx / C8N, c8 = idx - j * C8N;
-            if (idx < FMC_ATT_SPLIT * C8N) {
-                const bool in = idx < nload * C8N;
-                *(int4 *)(Ks + j * KP + c8 * 4) = in ? kr[u] : make_int4(0, 0, 0, 0);
-                *(int4 *)(Vs + j * VP + c8 * 8) = in ? vr[u] : make_int4(0, 0, 0, 0);
             }
         }
         __syncthreads();
         if (busy) {
             float sc[8][4];
-            attn_scores<HD, ATT_QROWS>(Qs, Ks, warp, lane, sc);
+            attn_scores<HD, QR>(Qs, Ks, warp, lane, sc);
             /* softmax of each of the lane's two rows over its quad: max, exp, sum in a fixed order */
             float m[2], l[2];
 #pragma unroll
@@ -200,25 +217,26 @@ __global__ void k_attn_combine(int n_heads, int hd, const int *pos, int causal, 
     if ((i & 31) == 0) xd[frag_d(t, k / 32, NB)] = d;
 }
 
-enum { ATT_SPLIT_BLOCKS = 16 };
-
 typedef void (*attn_kernel)(const float *, int, int, int, const __half *, const __half *, const int *, int,
                             int, float *);
 
-static attn_kernel attn_pick(int hd) {
-    return attn_by_hd<attn_kernel>(hd,
-                                   [](auto c) -> attn_kernel { return k_attn_split<decltype(c)::value>; });
+static attn_kernel attn_pick(int hd, int qr) {
+    return attn_by_hd<attn_kernel>(hd, [qr](auto c) -> attn_kernel {
+        return qr == ATT_STEP_QROWS ? k_attn_split<decltype(c)::value, ATT_STEP_QROWS, ATT_STEP_WARPS>
+                                    : k_attn_split<decltype(c)::value, ATT_QROWS, ATT_WARPS>;
+    });
 }
 
 int fmc_attn_head_dim_ok(int hd) {
-    return attn_pick(hd) != NULL;
+    return attn_pick(hd, ATT_QROWS) != NULL;
 }
 
 int fmc_attn_init(void) {
     for (int hd = 16; hd <= 256; hd *= 2)
-        if (cudaFuncSetAttribute(attn_pick(hd), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)attn_smem(hd)) != cudaSuccess)
-            return -1;
+        for (int qr : {(int)ATT_STEP_QROWS, (int)ATT_QROWS})
+            if (cudaFuncSetAttribute(attn_pick(hd, qr), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)attn_smem(hd, qr)) != cudaSuccess)
+                return -1;
     return attn_prefill_init();
 }
 
@@ -227,15 +245,18 @@ int fmc_attn_init(void) {
  * as the merge's quant_lane does). */
 static void attention(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                       const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
-                      int8_t *xq, float *xd, float *out, int pdl, cudaStream_t s) {
+                      int8_t *xq, float *xd, float *out, int form, int pdl, cudaStream_t s) {
     if (causal && T > FMC_ATT_SPLIT_MAX_T && fmc_attn_prefill_fits(n_heads, n_kv, hd)) {
         attn_prefill(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, xq ? part : out, pdl, s);
         if (xq) fmc_q8_quant(part, n_heads * hd, NULL, 0.0f, n_heads * hd, T, xq, xd, pdl, s);
         return;
     }
-    const int sb = max_splits < ATT_SPLIT_BLOCKS ? max_splits : ATT_SPLIT_BLOCKS;
-    const int rows = ATT_QROWS / (n_heads / n_kv);
-    fmc_launch(attn_pick(hd), dim3(sb, n_kv, (T + rows - 1) / rows), dim3(ATT_WARPS * 32), attn_smem(hd), s,
+    const bool step = form == FMC_ATT_LONG && T * (n_heads / n_kv) <= ATT_STEP_QROWS;
+    const int G = n_heads / n_kv, qr = step ? (int)ATT_STEP_QROWS : (int)ATT_QROWS;
+    const int nw = step ? (int)ATT_STEP_WARPS : (int)ATT_WARPS;
+    const int sb = std::min(max_splits, step ? (int)ATT_STEP_SPLIT_BLOCKS : (int)ATT_SPLIT_BLOCKS),
+              rows = qr / G;
+    fmc_launch(attn_pick(hd, qr), dim3(sb, n_kv, (T + rows - 1) / rows), dim3(nw * 32), attn_smem(hd, qr), s,
                pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos, causal, max_splits, part);
     fmc_launch(k_attn_combine, dim3(n_heads, T), dim3(hd), 0, s, pdl, n_heads, hd, pos, causal, max_splits,
                (const float *)part, xq, xd, out);
@@ -243,13 +264,14 @@ static void attention(const float *q, int T, int n_heads, int n_kv, int hd, cons
 
 void fmc_attention_q8(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                       const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
-                      int8_t *xq, float *xd, int pdl, cudaStream_t s) {
-    attention(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, causal, max_splits, part, xq, xd, NULL, pdl, s);
+                      int8_t *xq, float *xd, int form, int pdl, cudaStream_t s) {
+    attention(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, causal, max_splits, part, xq, xd, NULL, form,
+              pdl, s);
 }
 
 void fmc_attention_f32(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                        const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
-                       float *out, int pdl, cudaStream_t s) {
-    attention(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, causal, max_splits, part, NULL, NULL, out, pdl,
-              s);
+                       float *out, int form, int pdl, cudaStream_t s) {
+    attention(q, T, n_heads, n_kv, hd, k_cache, v_cache, pos, causal, max_splits, part, NULL, NULL, out, form,
+              pdl, s);
 }

@@ -167,7 +167,7 @@ extern "C" int fm_cuda_debug_q8_dmatmul(const void *blocks, int N, int K, const 
 
 extern "C" int fm_cuda_debug_attention(const float *q, int T, int n_heads, int n_kv, int hd,
                                        const uint16_t *k, const uint16_t *v, int pos, int causal,
-                                       float *out) {
+                                       int form, float *out) {
     if (fmc_init() || !fmc_attn_head_dim_ok(hd) || n_heads % n_kv) return -1;
     const int n_keys = causal ? pos + T : pos + 1, splits = (n_keys + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
     const size_t kv = (size_t)n_keys * n_kv * hd * 2, qn = (size_t)T * n_heads * hd;
@@ -177,6 +177,6 @@ extern "C" int fm_cuda_debug_attention(const float *q, int T, int n_heads, int n
     int *dpos = (int *)d.up(&pos, sizeof pos);
     float *part = (float *)d.up(NULL, (size_t)T * n_heads * splits * (hd + 2) * 4);
     if (!dq || !dout || !dk || !dv || !dpos || !part) return -1;
-    fmc_attention_f32(dq, T, n_heads, n_kv, hd, dk, dv, dpos, causal, splits, part, dout, 0, 0);
+    fmc_attention_f32(dq, T, n_heads, n_kv, hd, dk, dv, dpos, causal, splits, part, dout, form, 0, 0);
     return read_back(out, dout, qn * 4);
 }

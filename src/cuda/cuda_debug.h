@@ -61,9 +61,10 @@ int fm_cuda_debug_q8_dmatmul(const void *blocks, int N, int K, const float *x, i
                              int mode, const float *gate, float *y);
 /* The target's attention kernels (split + merge, f32 output) on caller data: q [T][n_heads * hd], the f16
  * caches k, v [n_keys][n_kv * hd] with n_keys = pos + T (causal: row t attends to keys 0 .. pos + t) or pos
- * + 1 (causal = 0: every row attends to keys 0 .. pos); out [T][n_heads * hd]. */
+ * + 1 (causal = 0: every row attends to keys 0 .. pos); out [T][n_heads * hd]; form: FMC_ATT_SHORT (0) or
+ * _LONG (1). */
 int fm_cuda_debug_attention(const float *q, int T, int n_heads, int n_kv, int hd, const uint16_t *k,
-                            const uint16_t *v, int pos, int causal, float *out);
+                            const uint16_t *v, int pos, int causal, int form, float *out);
 
 #ifdef __cplusplus
 }

@@ -241,18 +241,25 @@ static void kc_check_attention(int T, int n_heads, int n_kv, int hd, int pos, in
                 ref[(size_t)t * W + h * hd + i] = (float)(o / sum);
             }
         }
-    const int rc = fm_cuda_debug_attention(q, T, n_heads, n_kv, hd, k, v, pos, causal, y);
+    const int rc = fm_cuda_debug_attention(q, T, n_heads, n_kv, hd, k, v, pos, causal, 0, y);
     const double e = hx_rel_err(y, ref, (size_t)T * W);
     /* q and the probabilities enter the f16 tensor cores as two f16 parts (~22 bits), sums in f32: ~1e-6. */
     CHECK(!rc && e < 1e-4,
           "kernel attention T=%d heads %d/%d hd %d pos %d causal %d: rel err vs double %.2e (tol 1e-4)", T,
           n_heads, n_kv, hd, pos, causal, e);
+    /* the long-context form (small blocks for up to 16 rows x heads) gives the same bits */
+    float *y2 = malloc(sizeof(float) * (size_t)T * W);
+    CHECK(!fm_cuda_debug_attention(q, T, n_heads, n_kv, hd, k, v, pos, causal, 1, y2) &&
+              !memcmp(y2, y, sizeof(float) * (size_t)T * W),
+          "kernel attention T=%d heads %d/%d hd %d pos %d causal %d: long-context form == short bit for bit",
+          T, n_heads, n_kv, hd, pos, causal);
+    free(y2);
     if (causal && T > 1) {
         int same = 1;
-        for (int t = 0; t < T && same; t++) {
-            same = !fm_cuda_debug_attention(q + (size_t)t * W, 1, n_heads, n_kv, hd, k, v, pos + t, 1, y1) &&
+        for (int t = 0; t < T && same; t++) /* 1-row launches in both forms, alternately */
+            same = !fm_cuda_debug_attention(q + (size_t)t * W, 1, n_heads, n_kv, hd, k, v, pos + t, 1, t & 1,
+                                            y1) &&
                    !memcmp(y1, y + (size_t)t * W, sizeof(float) * W);
-        }
         CHECK(same, "kernel attention T=%d heads %d/%d hd %d pos %d: rows == 1-row launches bit for bit", T,
               n_heads, n_kv, hd, pos);
     }
@@ -283,6 +290,7 @@ static void kc_run_all(void) {
     /* attention: GQA 32/8 x 128 (Qwen3-4B) and the test models' shapes; contexts around split boundaries */
     kc_check_attention(1, 32, 8, 128, 0, 1, 17);
     kc_check_attention(1, 32, 8, 128, 700, 1, 18);
+    kc_check_attention(1, 32, 8, 128, 5000, 1, 34); /* 79 splits: the long form's blocks take two */
     kc_check_attention(8, 32, 8, 128, 60, 1, 19);   /* rows cross the 64-key boundary */
     kc_check_attention(17, 32, 8, 128, 511, 1, 20); /* first row at a split's last key */
     kc_check_attention(40, 32, 8, 128, 90, 1, 21);  /* 40 rows: two row groups of 32 */
@@ -298,6 +306,7 @@ static void kc_run_all(void) {
     kc_check_attention(17, 4, 2, 32, 23, 1, 22);
     kc_check_attention(16, 4, 4, 16, 130, 0, 23); /* the drafter's cross-attention: no mask, G = 1 */
     kc_check_attention(16, 16, 16, 128, 300, 0, 24);
+    kc_check_attention(16, 16, 16, 128, 4500, 0, 35);
 }
 
 #endif
