@@ -88,9 +88,10 @@ static size_t attn_smem(int hd, int qr) {
 
 /* grid (min(max_splits, ATT_SPLIT_BLOCKS, or in the long form ATT_STEP_SPLIT_BLOCKS), n_kv, ceil(T / rows)),
  * NW warps, rows = QR / G query rows of T (G = n_heads / n_kv query heads each). Block x takes splits x,
- * x + gridDim.x, ... (a graph sized for the whole context launches few idle blocks). Split s: keys [j0, j0 + 64), j0 = 64 s, of KV head
- * g, loaded into shared memory once for all the block's (row, head) queries; query i = (t - tb) G + head
- * sits in row i % 16 of warp i / 16's tile. The length of row t is pos + t + 1 (causal) or pos + 1.
+ * x + gridDim.x, ... (a graph sized for the whole context launches few idle blocks). Split s: keys [j0, j0 +
+ * 64), j0 = 64 s, of KV head g, loaded into shared memory once for all the block's (row, head) queries;
+ * query i = (t - tb) G + head sits in row i % 16 of warp i / 16's tile. The length of row t is pos + t + 1
+ * (causal) or pos + 1.
  *
  * On the f16 tensor cores (mma m16n8k16, f32 accumulation): scores S = Q K^T for 16 queries x 64 keys, the
  * softmax in registers (a query's 64 scores sit in one lane quad: max and sum in a fixed order), then O = P V
