@@ -99,10 +99,10 @@ struct fm_cuda_backend {
     unsigned long long *dam;
     int32_t *d_anchor;
     int *d_dpos;
-    int dsplits;    /* FMC_ATT_SPLIT-key splits of the drafter's context */
+    int dsplits;                 /* FMC_ATT_SPLIT-key splits of the drafter's context */
     fmc_dr_kv_layers dkv_layers; /* every layer's cross key norm and K/V caches, for fmc_dr_kv_rows */
-    float *dpart;   /* [block][n_heads][dsplits][head_dim + 2] */
-    float *pending; /* [pend_cap][fw] */
+    float *dpart;                /* [block][n_heads][dsplits][head_dim + 2] */
+    float *pending;              /* [pend_cap][fw] */
     int pend_rows, pend_start, pend_cap;
 };
 
@@ -618,7 +618,8 @@ static int graph_form(const fm_cuda_backend *b, int T) {
 static const graph_t *find_graph(const fm_cuda_backend *b, int T, int mode) {
     const int form = graph_form(b, T);
     for (int i = 0; i < b->n_graphs; i++)
-        if (b->graphs[i].T == T && b->graphs[i].mode == mode && b->graphs[i].form == form) return &b->graphs[i];
+        if (b->graphs[i].T == T && b->graphs[i].mode == mode && b->graphs[i].form == form)
+            return &b->graphs[i];
     return NULL;
 }
 
@@ -736,8 +737,8 @@ static int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start
         fmc_rmsnorm_rows(b->dx, b->hidden_norm, T, D, hp->rms_eps, b->dh, pdl, s);
         const int KW = 2 * D * hp->n_layers;
         dmm(b, &b->ckv, b->dh, D, T, b->dkv, KW, NULL, FMC_BF16_STORE, NULL, pdl);
-        fmc_dr_kv_rows(b->dkv, KW, T, hp->n_heads, hp->head_dim, hp->n_layers, 2 * (size_t)D, D, &b->dkv_layers,
-                       hp->qk_eps, NULL, p0, b->inv_freq, pdl, s);
+        fmc_dr_kv_rows(b->dkv, KW, T, hp->n_heads, hp->head_dim, hp->n_layers, 2 * (size_t)D, D,
+                       &b->dkv_layers, hp->qk_eps, NULL, p0, b->inv_freq, pdl, s);
     }
     CK(cudaGetLastError());
     b->dlength = start + n;
@@ -782,8 +783,8 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
     fmc_rmsnorm_rows(b->dx, b->anchor_norm, 1, D, hp->rms_eps, b->dh, pdl, s);
     const int KW = 2 * D * hp->n_layers;
     dmm(b, &b->ckv, b->dh, D, 1, b->dkv, KW, NULL, FMC_BF16_STORE, NULL, pdl);
-    fmc_dr_kv_rows(b->dkv, KW, 1, nh, hd, hp->n_layers, 2 * (size_t)D, D, &b->dkv_layers, hp->qk_eps, b->d_dpos, 0,
-                   b->inv_freq, pdl, s);
+    fmc_dr_kv_rows(b->dkv, KW, 1, nh, hd, hp->n_layers, 2 * (size_t)D, D, &b->dkv_layers, hp->qk_eps,
+                   b->d_dpos, 0, b->inv_freq, pdl, s);
     /* 2. Slots at pos+1 .. pos+K from slot_input. 3. The layers. */
     fmc_broadcast_row(b->slot_input, K, D, b->dx, pdl, s);
     for (int l = 0; l < hp->n_layers; l++) {
@@ -1066,7 +1067,8 @@ static int persist_products(fm_cuda_backend *b, fmc_persist_product *pr) {
     return n;
 }
 
-/* One product by the engine's launch (form < 0, pdl off) or by a persistent form; its output copied to host. */
+/* One product by the engine's launch (form < 0, pdl off) or by a persistent form; its output copied to host.
+ */
 static int persist_one(fm_cuda_backend *b, const fmc_persist_product *p, int form, unsigned *done,
                        std::vector<unsigned char> &out) {
     const int glu = p->mode == FMC_PERSIST_GLU;

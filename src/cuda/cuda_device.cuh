@@ -87,16 +87,18 @@ __device__ __forceinline__ void mb_arrive(uint64_t *b) {
     FM_SM90_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
 }
 __device__ __forceinline__ void mb_wait(uint64_t *b, unsigned parity) {
-    FM_SM90_ASM("{\n.reg .pred p;\nW%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W%=;\n}" ::"r"(
-                    smem_addr(b)),
-                "r"(parity)
-                : "memory");
+    FM_SM90_ASM(
+        "{\n.reg .pred p;\nW%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W%=;\n}" ::
+            "r"(smem_addr(b)),
+        "r"(parity)
+        : "memory");
 }
 __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *b) {
-    FM_SM90_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                    smem_addr(dst)),
-                "l"(src), "r"(bytes), "r"(smem_addr(b))
-                : "memory");
+    FM_SM90_ASM(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(b))
+        : "memory");
 }
 #undef FM_SM90_ASM
 

@@ -198,8 +198,9 @@ __global__ void k_dr_norm_rope(float *x, int ld, int hd, const float *w, const f
 }
 
 /* grid (T, n_heads, layers): layer blockIdx.z's cross keys and values into its caches. */
-__global__ void k_dr_kv_layers(float *x, int ld, int hd, size_t lstride, size_t vofs, const fmc_dr_kv_layers L,
-                               float eps, const int *dpos, int pos0, const float *inv_freq, int D) {
+__global__ void k_dr_kv_layers(float *x, int ld, int hd, size_t lstride, size_t vofs,
+                               const fmc_dr_kv_layers L, float eps, const int *dpos, int pos0,
+                               const float *inv_freq, int D) {
     pdl_trigger();
     pdl_wait();
     const int l = blockIdx.z;
@@ -217,10 +218,10 @@ void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float 
 }
 
 void fmc_dr_kv_rows(float *x, int ld, int T, int n_heads, int hd, int n_layers, size_t lstride, size_t vofs,
-                    const fmc_dr_kv_layers *L, float eps, const int *dpos, int pos0, const float *inv_freq, int pdl,
-                    cudaStream_t s) {
-    fmc_launch(k_dr_kv_layers, dim3(T, n_heads, n_layers), dim3(64), 0, s, pdl, x, ld, hd, lstride, vofs, *L, eps,
-               dpos, pos0, inv_freq, n_heads * hd);
+                    const fmc_dr_kv_layers *L, float eps, const int *dpos, int pos0, const float *inv_freq,
+                    int pdl, cudaStream_t s) {
+    fmc_launch(k_dr_kv_layers, dim3(T, n_heads, n_layers), dim3(64), 0, s, pdl, x, ld, hd, lstride, vofs, *L,
+               eps, dpos, pos0, inv_freq, n_heads * hd);
 }
 
 /* grid (n_heads, T), 128 threads: scores of all L keys in shared memory (L read from the device so that a

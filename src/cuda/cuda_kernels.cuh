@@ -247,8 +247,8 @@ typedef struct {
     __half *kc[FMC_DR_MAX_LAYERS], *vc[FMC_DR_MAX_LAYERS];
 } fmc_dr_kv_layers;
 void fmc_dr_kv_rows(float *x, int ld, int T, int n_heads, int hd, int n_layers, size_t lstride, size_t vofs,
-                    const fmc_dr_kv_layers *L, float eps, const int *dpos, int pos0, const float *inv_freq, int pdl,
-                    cudaStream_t s);
+                    const fmc_dr_kv_layers *L, float eps, const int *dpos, int pos0, const float *inv_freq,
+                    int pdl, cudaStream_t s);
 /* o[t][h] = softmax(q . k / sqrt(hd)) v over L = L0 + (dL ? *dL : 0) keys, no mask; K/V f32 (ld strides) or
  * f16 caches. With dL, L may be up to Lmax <= FMC_DR_ATT_MAX_L (shared memory is sized for Lmax). With xq
  * (hd a multiple of 32), o is not written: the rows go quantised into xq, xd (fragment order, K = n_heads
