@@ -17,8 +17,12 @@ typedef struct {
     int T;
     const float *q; /* [T][n_heads*head_dim] */
     float *out;     /* [T][n_heads*head_dim] */
-    float *scratch; /* [fm_pool_size][n_keys > 0 ? n_keys : pos0+T] scores per worker */
+    float *scratch; /* [fm_pool_size][FM_ATTN_ITEM_QUERIES][n_keys > 0 ? n_keys : pos0+T] scores per worker */
 } fm_attention_args;
+
+/* Queries (row, head) one work item of fm_attention takes at most: the scratch holds that many score rows
+ * per worker. */
+#define FM_ATTN_ITEM_QUERIES 16
 
 /* out = softmax(q k^T / sqrt(head_dim)) v per head, query head h reading kv head h / (n_heads/n_kv_heads). */
 void fm_attention(fm_pool *pool, const fm_attention_args *a);

@@ -8,14 +8,16 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "cpu/attention.h"
 #include "drafter/drafter_internal.h"
 
-/* Attention scores need [threads][L]; grown on demand for the pool the caller passes. */
+/* Attention scores need [threads][FM_ATTN_ITEM_QUERIES][L]; grown on demand for the pool the caller passes.
+ */
 static int ensure_scores(fm_drafter *d, fm_pool *pool, char *err, size_t errlen) {
     int nt = pool ? fm_pool_size(pool) : 1;
     if (nt <= d->score_threads) return 0;
     int L = d->max_ctx > d->hp.block ? d->max_ctx : d->hp.block;
-    float *s = realloc(d->scores, (size_t)nt * L * sizeof(float));
+    float *s = realloc(d->scores, (size_t)nt * FM_ATTN_ITEM_QUERIES * L * sizeof(float));
     if (!s) return fm_set_error(err, errlen, "drafter: out of memory for attention scores");
     d->scores = s;
     d->score_threads = nt;

@@ -60,7 +60,7 @@ struct fm_drafter {
     float *logits;                      /* [block][vocab] */
     float *rope_cos, *rope_sin;         /* [rows][head_dim/2] */
     float *inv_freq;                    /* [head_dim/2] */
-    float *scores;                      /* [score_threads][max(max_ctx, block)] attention scratch */
+    float *scores; /* [score_threads][FM_ATTN_ITEM_QUERIES][max(max_ctx, block)] attention scratch */
     int score_threads;
 };
 

@@ -1,0 +1,102 @@
+/* test_attention.c: the CPU's attention over an f16 cache (cpu/attention.h) against a double-precision
+ * reference, at every ISA level this CPU runs, and the invariance the engine relies on: a row's output is the
+ * same bits whether it was computed alone (a step), in a block of T rows (a verify block or a prompt chunk),
+ * and whatever the thread count (which changes how many queries share a work item). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/threadpool.h"
+#include "cpu/attention.h"
+#include "cpu/cpu_features.h"
+#include "test_util.h"
+
+static float uniform(uint64_t *s) { /* [-1, 1) */
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) * (2.0 / 16777216.0) - 1.0);
+}
+
+/* fm_attention on `threads` workers; rows t0 .. t0+T-1 of q / out (row t at position pos0 + t). */
+static void run(int threads, int T, int t0, int n_heads, int n_kv, int hd, const uint16_t *k,
+                const uint16_t *v, int pos0, int n_keys, const float *q, float *out) {
+    fm_pool *pool = fm_pool_create(threads);
+    const int64_t keys = n_keys > 0 ? n_keys : pos0 + t0 + T;
+    float *scratch = malloc(sizeof(float) * (size_t)threads * FM_ATTN_ITEM_QUERIES * keys);
+    const int W = n_heads * hd;
+    fm_attention_args a = {.n_heads = n_heads,
+                           .n_kv_heads = n_kv,
+                           .head_dim = hd,
+                           .k_cache = k,
+                           .v_cache = v,
+                           .pos0 = pos0 + t0,
+                           .n_keys = n_keys,
+                           .T = T,
+                           .q = q + (size_t)t0 * W,
+                           .out = out + (size_t)t0 * W,
+                           .scratch = scratch};
+    fm_attention(pool, &a);
+    free(scratch);
+    fm_pool_free(pool);
+}
+
+static void check(int T, int n_heads, int n_kv, int hd, int pos0, int n_keys, uint64_t seed) {
+    const int W = n_heads * hd, KW = n_kv * hd, G = n_heads / n_kv, keys = n_keys > 0 ? n_keys : pos0 + T;
+    uint64_t s = seed;
+    float *q = malloc(sizeof(float) * (size_t)T * W), *ref = malloc(sizeof(float) * (size_t)T * W);
+    float *y2 = malloc(sizeof(float) * (size_t)T * W), *y1 = malloc(sizeof(float) * (size_t)T * W);
+    float *y3 = malloc(sizeof(float) * (size_t)T * W);
+    uint16_t *k = malloc(2 * (size_t)keys * KW), *v = malloc(2 * (size_t)keys * KW);
+    double *sc = malloc(sizeof(double) * keys);
+    for (size_t i = 0; i < (size_t)T * W; i++) q[i] = 2.0f * uniform(&s);
+    for (size_t i = 0; i < (size_t)keys * KW; i++)
+        k[i] = fm_f32_to_f16(uniform(&s)), v[i] = fm_f32_to_f16(uniform(&s));
+    double num = 0, den = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++) {
+            const int len = n_keys > 0 ? n_keys : pos0 + t + 1, g = h / G;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < len; j++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++)
+                    d +=
+                        (double)q[(size_t)t * W + h * hd + i] * fm_f16_to_f32(k[(size_t)j * KW + g * hd + i]);
+                sc[j] = d / sqrt((double)hd);
+                mx = fmax(mx, sc[j]);
+            }
+            for (int j = 0; j < len; j++) sum += sc[j] = exp(sc[j] - mx);
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int j = 0; j < len; j++) o += sc[j] * fm_f16_to_f32(v[(size_t)j * KW + g * hd + i]);
+                ref[(size_t)t * W + h * hd + i] = (float)(o / sum);
+            }
+        }
+    for (int isa = FM_ISA_SCALAR; isa <= (int)fm_cpu_isa_best(); isa++) {
+        fm_cpu_set_isa((fm_isa)isa);
+        run(2, T, 0, n_heads, n_kv, hd, k, v, pos0, n_keys, q, y2);
+        run(64, T, 0, n_heads, n_kv, hd, k, v, pos0, n_keys, q, y3); /* fewer queries an item */
+        for (int t = 0; t < T; t++) /* one row at a time, one worker: every query its own item */
+            run(1, 1, t, n_heads, n_kv, hd, k, v, pos0, n_keys > 0 ? n_keys : 0, q, y1);
+        num = den = 0;
+        for (size_t i = 0; i < (size_t)T * W; i++)
+            num += ((double)y2[i] - ref[i]) * ((double)y2[i] - ref[i]), den += (double)ref[i] * ref[i];
+        const double e = sqrt(num / den);
+        CHECK_MSG(e < 1e-5, "T=%d heads %d/%d hd %d pos0 %d keys %d isa %d: rel err vs double %.2e", T,
+                  n_heads, n_kv, hd, pos0, n_keys, isa, e);
+        CHECK_MSG(!memcmp(y2, y3, sizeof(float) * (size_t)T * W),
+                  "T=%d heads %d/%d isa %d: 2 and 64 workers give the same bits", T, n_heads, n_kv, isa);
+        CHECK_MSG(!memcmp(y2, y1, sizeof(float) * (size_t)T * W),
+                  "T=%d heads %d/%d isa %d: rows == 1-row launches bit for bit", T, n_heads, n_kv, isa);
+    }
+    fm_cpu_set_isa(fm_cpu_isa_best());
+    free(q), free(ref), free(y1), free(y2), free(y3), free(k), free(v), free(sc);
+}
+
+int main(void) {
+    check(1, 32, 8, 128, 700, 0, 1);  /* a Qwen3-4B step: 4 queries of a KV head share an item */
+    check(17, 32, 8, 128, 60, 0, 2);  /* a verify block: items of 16 queries, rows of different lengths */
+    check(9, 4, 2, 32, 5, 0, 3);      /* the test models' heads */
+    check(40, 8, 8, 64, 130, 0, 4);   /* no grouping, more rows than an item holds */
+    check(16, 16, 16, 64, 0, 300, 5); /* the drafter's cross-attention: no mask, all rows of one head share */
+    return fm_test_report("test_attention");
+}
