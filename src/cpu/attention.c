@@ -1,7 +1,7 @@
 /* attention.c: GQA attention (causal, or over all n_keys rows). A work item takes up to FM_ATTN_ITEM_QUERIES
- * (row, head) queries of one KV head and runs them over the keys block by block, so each key and value row
- * is read once per item; each query's scores live in the worker's scratch; softmax is max-subtracted in
- * f32. */
+ * (row, head) queries of one KV head and runs them over the keys, so each key and value row is read (and
+ * converted, four queries at a time) once per item; each query's scores live in the worker's scratch;
+ * softmax is max-subtracted in f32. */
 #include "cpu/attention.h"
 
 #include <math.h>
@@ -37,67 +37,121 @@ typedef struct {
     const fm_attention_args *a;
     fm_attn_dot_fn dot;
     fm_attn_axpy_fn axpy;
+    /* four queries at a time (NULL: one at a time): the same bits per query */
+    void (*dot4)(const float *const q[4], const uint16_t *k, int n, float out[4]);
+    void (*axpy4)(float *const o[4], const float p[4], const uint16_t *v, int n);
     int qpi; /* queries (row, head) of one KV head per work item */
 } attention_job;
 
-/* Keys of a block: its K (or V) rows of one KV head, 64 x head_dim f16, stay in L1 while every query of the
- * item uses them. */
+/* Keys of a block: 64 K (or V) rows of one KV head stay in L1 while every query of the item uses them. */
 enum { KEY_BLOCK = 64 };
 
-/* One item: queries q0 .. q1-1 of KV head kvh, query i = row i / G, head kvh * G + i % G. Each query gets
- * the same operations in the same order as on its own (scores in key order, the max, exp and sum in key
- * order, then o += p v in key order): only the loops are interchanged, so its bits never depend on which
- * queries share its item, on T or on the thread count. */
-static void attention_item(const attention_job *job, int kvh, int q0, int q1, float *sc0, int64_t stride) {
+/* The rows of the next block, into the cache while this one is computed: a KV head's rows are hd * 2 bytes
+ * every kv_dim * 2, a stride the hardware prefetchers do not follow across pages, so without this the loads
+ * waited on memory (perf: 90 % of the time on the first use of each key row). */
+static inline void prefetch_rows(const uint16_t *base, int j0, int j1, int kv_dim, int width) {
+    for (int j = j0; j < j1; j++)
+        for (int off = 0; off < width; off += 32) __builtin_prefetch(base + (int64_t)j * kv_dim + off, 0, 3);
+}
+
+/* One item: queries q0 .. q1-1 in (KV head, row, head of the group) order, so an item holds a few rows of
+ * one KV head (verify blocks, prompt chunks) or the one row of several adjacent KV heads (a step: their key
+ * rows lie side by side in the cache). Each query gets the same operations in the same order as on its own
+ * (scores in key order, the max, exp and sum in key order, then o += p v in key order): only the loops are
+ * interchanged, so its bits never depend on which queries share its item, on T or on the thread count. */
+static void attention_item(const attention_job *job, int q0, int q1, float *sc0, int64_t stride) {
     const fm_attention_args *a = job->a;
-    const int hd = a->head_dim, kv_dim = a->n_kv_heads * hd, q_dim = a->n_heads * hd;
-    const int G = a->n_heads / a->n_kv_heads;
+    const int hd = a->head_dim, kv_dim = a->n_kv_heads * hd, q_dim = a->n_heads * hd, nq = q1 - q0;
+    const int G = a->n_heads / a->n_kv_heads, per_kv = a->T * G;
     const float scale = 1.0f / sqrtf((float)hd);
-    const uint16_t *kb = a->k_cache + (int64_t)kvh * hd, *vb = a->v_cache + (int64_t)kvh * hd;
-    int len[FM_ATTN_ITEM_QUERIES], nmax = 0;
-    float inv[FM_ATTN_ITEM_QUERIES];
-    for (int i = q0; i < q1; i++) { /* causal: row t attends to keys 0 .. pos0+t */
-        len[i - q0] = a->n_keys > 0 ? a->n_keys : a->pos0 + i / G + 1;
-        if (len[i - q0] > nmax) nmax = len[i - q0];
+    int len[FM_ATTN_ITEM_QUERIES], kvh[FM_ATTN_ITEM_QUERIES], nmax = 0;
+    const float *qp[FM_ATTN_ITEM_QUERIES];
+    float *sc[FM_ATTN_ITEM_QUERIES], *op[FM_ATTN_ITEM_QUERIES], inv[FM_ATTN_ITEM_QUERIES];
+    for (int i = 0; i < nq; i++) { /* causal: row t attends to keys 0 .. pos0+t */
+        const int q = q0 + i, t = q % per_kv / G;
+        kvh[i] = q / per_kv;
+        const int h = kvh[i] * G + q % G;
+        len[i] = a->n_keys > 0 ? a->n_keys : a->pos0 + t + 1;
+        if (len[i] > nmax) nmax = len[i];
+        qp[i] = a->q + (int64_t)t * q_dim + (int64_t)h * hd;
+        op[i] = a->out + (int64_t)t * q_dim + (int64_t)h * hd;
+        sc[i] = sc0 + i * stride;
     }
-    for (int j0 = 0; j0 < nmax; j0 += KEY_BLOCK)
-        for (int i = q0; i < q1; i++) {
-            const float *q = a->q + (int64_t)(i / G) * q_dim + (int64_t)(kvh * G + i % G) * hd;
-            float *sc = sc0 + (i - q0) * stride;
-            const int j1 = j0 + KEY_BLOCK < len[i - q0] ? j0 + KEY_BLOCK : len[i - q0];
-            for (int j = j0; j < j1; j++) sc[j] = job->dot(q, kb + (int64_t)j * kv_dim, hd) * scale;
+    const uint16_t *kb = a->k_cache + (int64_t)kvh[0] * hd, *vb = a->v_cache + (int64_t)kvh[0] * hd;
+    const int heads = kvh[nq - 1] - kvh[0] + 1; /* adjacent KV heads: hd * heads values per position */
+    /* Four queries at a time share a key row while they have the same KV head and all attend to the key
+     * (within a KV head, later rows are longer); the others one at a time. */
+#define FOUR(i) (job->dot4 && (i) + 4 <= nq && kvh[i] == kvh[(i) + 3])
+#define END(i) (len[i] < jb ? len[i] : jb)
+    for (int j0 = 0; j0 < nmax; j0 += KEY_BLOCK) {
+        const int jb = j0 + KEY_BLOCK < nmax ? j0 + KEY_BLOCK : nmax;
+        prefetch_rows(kb, jb, jb + KEY_BLOCK < nmax ? jb + KEY_BLOCK : nmax, kv_dim, hd * heads);
+        for (int i = 0; i < nq;) {
+            const uint16_t *k = kb + (int64_t)(kvh[i] - kvh[0]) * hd;
+            int j = j0;
+            if (FOUR(i)) {
+                for (; j < END(i); j++) {
+                    float r[4];
+                    job->dot4(qp + i, k + (int64_t)j * kv_dim, hd, r);
+                    for (int u = 0; u < 4; u++) sc[i + u][j] = r[u] * scale;
+                }
+                for (int u = 0; u < 4; u++)
+                    for (int jj = j; jj < END(i + u); jj++)
+                        sc[i + u][jj] = job->dot(qp[i + u], k + (int64_t)jj * kv_dim, hd) * scale;
+                i += 4;
+            } else {
+                for (; j < END(i); j++) sc[i][j] = job->dot(qp[i], k + (int64_t)j * kv_dim, hd) * scale;
+                i++;
+            }
         }
-    for (int i = q0; i < q1; i++) {
-        float *sc = sc0 + (i - q0) * stride, mx = -INFINITY, sum = 0;
-        const int n = len[i - q0];
-        for (int j = 0; j < n; j++)
-            if (sc[j] > mx) mx = sc[j];
-        for (int j = 0; j < n; j++) {
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        inv[i - q0] = 1.0f / sum;
-        float *o = a->out + (int64_t)(i / G) * q_dim + (int64_t)(kvh * G + i % G) * hd;
-        for (int d = 0; d < hd; d++) o[d] = 0;
     }
-    for (int j0 = 0; j0 < nmax; j0 += KEY_BLOCK)
-        for (int i = q0; i < q1; i++) {
-            const float *sc = sc0 + (i - q0) * stride;
-            float *o = a->out + (int64_t)(i / G) * q_dim + (int64_t)(kvh * G + i % G) * hd;
-            const int j1 = j0 + KEY_BLOCK < len[i - q0] ? j0 + KEY_BLOCK : len[i - q0];
-            for (int j = j0; j < j1; j++) job->axpy(o, sc[j] * inv[i - q0], vb + (int64_t)j * kv_dim, hd);
+    for (int i = 0; i < nq; i++) {
+        float mx = -INFINITY, sum = 0;
+        for (int j = 0; j < len[i]; j++)
+            if (sc[i][j] > mx) mx = sc[i][j];
+        for (int j = 0; j < len[i]; j++) {
+            sc[i][j] = expf(sc[i][j] - mx);
+            sum += sc[i][j];
         }
+        inv[i] = 1.0f / sum;
+        for (int d = 0; d < hd; d++) op[i][d] = 0;
+    }
+    /* o += p v in key order for each query, blocked like the scores */
+    for (int j0 = 0; j0 < nmax; j0 += KEY_BLOCK) {
+        const int jb = j0 + KEY_BLOCK < nmax ? j0 + KEY_BLOCK : nmax;
+        prefetch_rows(vb, jb, jb + KEY_BLOCK < nmax ? jb + KEY_BLOCK : nmax, kv_dim, hd * heads);
+        for (int i = 0; i < nq;) {
+            const uint16_t *v = vb + (int64_t)(kvh[i] - kvh[0]) * hd;
+            int j = j0;
+            if (FOUR(i) && job->axpy4) {
+                for (; j < END(i); j++) {
+                    const float p[4] = {sc[i][j] * inv[i], sc[i + 1][j] * inv[i + 1],
+                                        sc[i + 2][j] * inv[i + 2], sc[i + 3][j] * inv[i + 3]};
+                    job->axpy4(op + i, p, v + (int64_t)j * kv_dim, hd);
+                }
+                for (int u = 0; u < 4; u++)
+                    for (int jj = j; jj < END(i + u); jj++)
+                        job->axpy(op[i + u], sc[i + u][jj] * inv[i + u], v + (int64_t)jj * kv_dim, hd);
+                i += 4;
+            } else {
+                for (; j < END(i); j++) job->axpy(op[i], sc[i][j] * inv[i], v + (int64_t)j * kv_dim, hd);
+                i++;
+            }
+        }
+    }
+#undef FOUR
+#undef END
 }
 
 static void attention_items(void *ctx, int64_t begin, int64_t end, int thread) {
     const attention_job *job = ctx;
     const fm_attention_args *a = job->a;
-    const int nq = a->T * (a->n_heads / a->n_kv_heads), chunks = (nq + job->qpi - 1) / job->qpi;
+    const int nq = a->n_kv_heads * a->T * (a->n_heads / a->n_kv_heads);
     const int64_t stride = a->n_keys > 0 ? a->n_keys : a->pos0 + a->T;
     float *sc0 = a->scratch + (int64_t)thread * FM_ATTN_ITEM_QUERIES * stride;
     for (int64_t item = begin; item < end; item++) {
-        const int kvh = (int)(item / chunks), q0 = (int)(item % chunks) * job->qpi;
-        attention_item(job, kvh, q0, q0 + job->qpi < nq ? q0 + job->qpi : nq, sc0, stride);
+        const int q0 = (int)item * job->qpi;
+        attention_item(job, q0, q0 + job->qpi < nq ? q0 + job->qpi : nq, sc0, stride);
     }
 }
 
@@ -106,10 +160,15 @@ void fm_attention(fm_pool *pool, const fm_attention_args *a) {
     const int fast = fm_cpu_isa() >= FM_ISA_AVX2;
     /* As many queries per item as keep every thread busy: a KV head's keys are then read once per item
      * instead of once per query (4x less cache traffic for a Qwen3-4B step, 16x for the drafter's slots). */
-    const int nq = a->T * (a->n_heads / a->n_kv_heads), threads = fm_pool_size(pool);
-    int qpi = nq * a->n_kv_heads / (threads > 0 ? threads : 1);
-    qpi = qpi < 1 ? 1 : qpi > FM_ATTN_ITEM_QUERIES ? FM_ATTN_ITEM_QUERIES : qpi > nq ? nq : qpi;
-    attention_job job = {a, fast ? fm_attn_dot_f16_avx2 : dot_f16_scalar,
-                         fast ? fm_attn_axpy_f16_avx2 : axpy_f16_scalar, qpi};
-    fm_pool_for(pool, (int64_t)a->n_kv_heads * ((nq + qpi - 1) / qpi), 1, attention_items, &job);
+    const int nq = a->n_heads * a->T, threads = fm_pool_size(pool);
+    int qpi = nq / (threads > 0 ? threads : 1);
+    qpi = qpi < 1 ? 1 : qpi > FM_ATTN_ITEM_QUERIES ? FM_ATTN_ITEM_QUERIES : qpi;
+    const int four = fast && a->head_dim % 16 == 0;
+    attention_job job = {a,
+                         fast ? fm_attn_dot_f16_avx2 : dot_f16_scalar,
+                         fast ? fm_attn_axpy_f16_avx2 : axpy_f16_scalar,
+                         four ? fm_attn_dot4_f16_avx2 : NULL,
+                         four ? fm_attn_axpy4_f16_avx2 : NULL,
+                         qpi};
+    fm_pool_for(pool, (nq + qpi - 1) / qpi, 1, attention_items, &job);
 }

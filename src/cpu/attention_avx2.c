@@ -5,6 +5,15 @@
 
 #include "cpu/attention_kernels.h"
 
+/* One query's reduction of its two accumulators, in the same order in every kernel here. */
+static inline float reduce2(__m256 acc0, __m256 acc1) {
+    const __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 float fm_attn_dot_f16_avx2(const float *q, const uint16_t *k, int n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int i = 0;
@@ -17,11 +26,7 @@ float fm_attn_dot_f16_avx2(const float *q, const uint16_t *k, int n) {
     for (; i + 8 <= n; i += 8)
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
                                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), acc0);
-    const __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float sum = _mm_cvtss_f32(s);
+    float sum = reduce2(acc0, acc1);
     for (; i < n; i++) sum += q[i] * _cvtsh_ss(k[i]);
     return sum;
 }
@@ -34,4 +39,35 @@ void fm_attn_axpy_f16_avx2(float *o, float p, const uint16_t *v, int n) {
                          _mm256_fmadd_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))),
                                          _mm256_loadu_ps(o + i)));
     for (; i < n; i++) o[i] += p * _cvtsh_ss(v[i]);
+}
+
+/* Named accumulators, not arrays: GCC kept an array of them on the stack. */
+void fm_attn_dot4_f16_avx2(const float *const q[4], const uint16_t *k, int n, float out[4]) {
+    const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+    __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
+    for (int i = 0; i < n; i += 16) {
+        const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+        const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8)));
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), k0, a0);
+        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i + 8), k1, b0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), k0, a1);
+        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i + 8), k1, b1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), k0, a2);
+        b2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i + 8), k1, b2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), k0, a3);
+        b3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i + 8), k1, b3);
+    }
+    out[0] = reduce2(a0, b0), out[1] = reduce2(a1, b1), out[2] = reduce2(a2, b2), out[3] = reduce2(a3, b3);
+}
+
+void fm_attn_axpy4_f16_avx2(float *const o[4], const float p[4], const uint16_t *v, int n) {
+    const __m256 p0 = _mm256_set1_ps(p[0]), p1 = _mm256_set1_ps(p[1]), p2 = _mm256_set1_ps(p[2]),
+                 p3 = _mm256_set1_ps(p[3]);
+    for (int i = 0; i < n; i += 8) {
+        const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
+        _mm256_storeu_ps(o[0] + i, _mm256_fmadd_ps(p0, x, _mm256_loadu_ps(o[0] + i)));
+        _mm256_storeu_ps(o[1] + i, _mm256_fmadd_ps(p1, x, _mm256_loadu_ps(o[1] + i)));
+        _mm256_storeu_ps(o[2] + i, _mm256_fmadd_ps(p2, x, _mm256_loadu_ps(o[2] + i)));
+        _mm256_storeu_ps(o[3] + i, _mm256_fmadd_ps(p3, x, _mm256_loadu_ps(o[3] + i)));
+    }
 }
