@@ -10,6 +10,7 @@
 #include "core/threadpool.h"
 #include "cpu/attention.h"
 #include "cpu/cpu_features.h"
+#include "attention_ref.h"
 #include "test_util.h"
 
 static float uniform(uint64_t *s) { /* [-1, 1) */
@@ -41,36 +42,17 @@ static void run(int threads, int T, int t0, int n_heads, int n_kv, int hd, const
 }
 
 static void check(int T, int n_heads, int n_kv, int hd, int pos0, int n_keys, uint64_t seed) {
-    const int W = n_heads * hd, KW = n_kv * hd, G = n_heads / n_kv, keys = n_keys > 0 ? n_keys : pos0 + T;
+    const int W = n_heads * hd, KW = n_kv * hd, keys = n_keys > 0 ? n_keys : pos0 + T;
     uint64_t s = seed;
     float *q = malloc(sizeof(float) * (size_t)T * W), *ref = malloc(sizeof(float) * (size_t)T * W);
     float *y2 = malloc(sizeof(float) * (size_t)T * W), *y1 = malloc(sizeof(float) * (size_t)T * W);
     float *y3 = malloc(sizeof(float) * (size_t)T * W);
     uint16_t *k = malloc(2 * (size_t)keys * KW), *v = malloc(2 * (size_t)keys * KW);
-    double *sc = malloc(sizeof(double) * keys);
     for (size_t i = 0; i < (size_t)T * W; i++) q[i] = 2.0f * uniform(&s);
     for (size_t i = 0; i < (size_t)keys * KW; i++)
         k[i] = fm_f32_to_f16(uniform(&s)), v[i] = fm_f32_to_f16(uniform(&s));
     double num = 0, den = 0;
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < n_heads; h++) {
-            const int len = n_keys > 0 ? n_keys : pos0 + t + 1, g = h / G;
-            double mx = -INFINITY, sum = 0;
-            for (int j = 0; j < len; j++) {
-                double d = 0;
-                for (int i = 0; i < hd; i++)
-                    d +=
-                        (double)q[(size_t)t * W + h * hd + i] * fm_f16_to_f32(k[(size_t)j * KW + g * hd + i]);
-                sc[j] = d / sqrt((double)hd);
-                mx = fmax(mx, sc[j]);
-            }
-            for (int j = 0; j < len; j++) sum += sc[j] = exp(sc[j] - mx);
-            for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int j = 0; j < len; j++) o += sc[j] * fm_f16_to_f32(v[(size_t)j * KW + g * hd + i]);
-                ref[(size_t)t * W + h * hd + i] = (float)(o / sum);
-            }
-        }
+    attention_ref(q, T, n_heads, n_kv, hd, k, v, pos0, n_keys, ref);
     for (int isa = FM_ISA_SCALAR; isa <= (int)fm_cpu_isa_best(); isa++) {
         fm_cpu_set_isa((fm_isa)isa);
         run(2, T, 0, n_heads, n_kv, hd, k, v, pos0, n_keys, q, y2);
@@ -89,7 +71,7 @@ static void check(int T, int n_heads, int n_kv, int hd, int pos0, int n_keys, ui
                   "T=%d heads %d/%d isa %d: rows == 1-row launches bit for bit", T, n_heads, n_kv, isa);
     }
     fm_cpu_set_isa(fm_cpu_isa_best());
-    free(q), free(ref), free(y1), free(y2), free(y3), free(k), free(v), free(sc);
+    free(q), free(ref), free(y1), free(y2), free(y3), free(k), free(v);
 }
 
 int main(void) {

@@ -1,7 +1,7 @@
 /* attention.c: GQA attention (causal, or over all n_keys rows). A work item takes up to FM_ATTN_ITEM_QUERIES
- * (row, head) queries of one KV head and runs them over the keys, so each key and value row is read (and
- * converted, four queries at a time) once per item; each query's scores live in the worker's scratch;
- * softmax is max-subtracted in f32. */
+ * (row, head) queries in (KV head, row, head of the group) order and runs them over the keys in blocks, so
+ * each key and value row is read (and converted, four queries at a time) once per item; each query's scores
+ * live in the worker's scratch; softmax is max-subtracted in f32. */
 #include "cpu/attention.h"
 
 #include <math.h>
@@ -40,7 +40,7 @@ typedef struct {
     /* four queries at a time (NULL: one at a time): the same bits per query */
     void (*dot4)(const float *const q[4], const uint16_t *k, int n, float out[4]);
     void (*axpy4)(float *const o[4], const float p[4], const uint16_t *v, int n);
-    int qpi; /* queries (row, head) of one KV head per work item */
+    int qpi; /* queries (row, head) per work item */
 } attention_job;
 
 /* Keys of a block: 64 K (or V) rows of one KV head stay in L1 while every query of the item uses them. */

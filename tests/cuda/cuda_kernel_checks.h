@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/dtype.h"
+#include "attention_ref.h"
 #include "cuda/cuda_debug.h"
 
 static float kc_uniform(uint64_t *s) {
@@ -214,33 +215,15 @@ static void kc_check_q8d(int N, int K, int T, int mode, uint64_t seed) {
  * bit for bit, prefill-sized launches included. */
 static void kc_check_attention(int T, int n_heads, int n_kv, int hd, int pos, int causal, uint64_t seed) {
     uint64_t s = seed;
-    const int n_keys = causal ? pos + T : pos + 1, W = n_heads * hd, KW = n_kv * hd, G = n_heads / n_kv;
+    const int n_keys = causal ? pos + T : pos + 1, W = n_heads * hd, KW = n_kv * hd;
     float *q = malloc(sizeof(float) * (size_t)T * W), *y = malloc(sizeof(float) * (size_t)T * W);
     float *ref = malloc(sizeof(float) * (size_t)T * W), *y1 = malloc(sizeof(float) * W);
     uint16_t *k = malloc(2 * (size_t)n_keys * KW), *v = malloc(2 * (size_t)n_keys * KW);
-    double *sc = malloc(sizeof(double) * n_keys);
     for (size_t i = 0; i < (size_t)T * W; i++) q[i] = 2.0f * kc_uniform(&s);
     for (size_t i = 0; i < (size_t)n_keys * KW; i++)
         k[i] = fm_f32_to_f16(kc_uniform(&s)), v[i] = fm_f32_to_f16(kc_uniform(&s));
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < n_heads; h++) {
-            const int len = causal ? pos + t + 1 : pos + 1, g = h / G;
-            const float *qr = q + (size_t)t * W + h * hd;
-            double mx = -INFINITY, sum = 0;
-            for (int j = 0; j < len; j++) {
-                double d = 0;
-                for (int i = 0; i < hd; i++)
-                    d += (double)qr[i] * fm_f16_to_f32(k[(size_t)j * KW + g * hd + i]);
-                sc[j] = d / sqrt((double)hd);
-                mx = fmax(mx, sc[j]);
-            }
-            for (int j = 0; j < len; j++) sum += sc[j] = exp(sc[j] - mx);
-            for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int j = 0; j < len; j++) o += sc[j] * fm_f16_to_f32(v[(size_t)j * KW + g * hd + i]);
-                ref[(size_t)t * W + h * hd + i] = (float)(o / sum);
-            }
-        }
+    /* causal: row t attends to keys 0 .. pos + t; else every row to keys 0 .. pos */
+    attention_ref(q, T, n_heads, n_kv, hd, k, v, pos, causal ? 0 : pos + 1, ref);
     const int rc = fm_cuda_debug_attention(q, T, n_heads, n_kv, hd, k, v, pos, causal, 0, y);
     const double e = hx_rel_err(y, ref, (size_t)T * W);
     /* q and the probabilities enter the f16 tensor cores as two f16 parts (~22 bits), sums in f32: ~1e-6. */
@@ -263,7 +246,7 @@ static void kc_check_attention(int T, int n_heads, int n_kv, int hd, int pos, in
         CHECK(same, "kernel attention T=%d heads %d/%d hd %d pos %d: rows == 1-row launches bit for bit", T,
               n_heads, n_kv, hd, pos);
     }
-    free(q), free(y), free(ref), free(y1), free(k), free(v), free(sc);
+    free(q), free(y), free(ref), free(y1), free(k), free(v);
 }
 
 static void kc_run_all(void) {
