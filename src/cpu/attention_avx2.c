@@ -61,13 +61,15 @@ void fm_attn_dot4_f16_avx2(const float *const q[4], const uint16_t *k, int n, fl
 }
 
 void fm_attn_axpy4_f16_avx2(float *const o[4], const float p[4], const uint16_t *v, int n) {
+    /* the pointers in locals: stores through o[u] could otherwise alias o[] and force reloads */
+    float *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3];
     const __m256 p0 = _mm256_set1_ps(p[0]), p1 = _mm256_set1_ps(p[1]), p2 = _mm256_set1_ps(p[2]),
                  p3 = _mm256_set1_ps(p[3]);
     for (int i = 0; i < n; i += 8) {
         const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
-        _mm256_storeu_ps(o[0] + i, _mm256_fmadd_ps(p0, x, _mm256_loadu_ps(o[0] + i)));
-        _mm256_storeu_ps(o[1] + i, _mm256_fmadd_ps(p1, x, _mm256_loadu_ps(o[1] + i)));
-        _mm256_storeu_ps(o[2] + i, _mm256_fmadd_ps(p2, x, _mm256_loadu_ps(o[2] + i)));
-        _mm256_storeu_ps(o[3] + i, _mm256_fmadd_ps(p3, x, _mm256_loadu_ps(o[3] + i)));
+        _mm256_storeu_ps(o0 + i, _mm256_fmadd_ps(p0, x, _mm256_loadu_ps(o0 + i)));
+        _mm256_storeu_ps(o1 + i, _mm256_fmadd_ps(p1, x, _mm256_loadu_ps(o1 + i)));
+        _mm256_storeu_ps(o2 + i, _mm256_fmadd_ps(p2, x, _mm256_loadu_ps(o2 + i)));
+        _mm256_storeu_ps(o3 + i, _mm256_fmadd_ps(p3, x, _mm256_loadu_ps(o3 + i)));
     }
 }
