@@ -81,7 +81,7 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
     const int heads = kvh[nq - 1] - kvh[0] + 1; /* adjacent KV heads: hd * heads values per position */
     /* Four queries at a time share a key row while they have the same KV head and all attend to the key
      * (within a KV head, later rows are longer); the others one at a time. */
-#define FOUR(i) (job->dot4 && (i) + 4 <= nq && kvh[i] == kvh[(i) + 3])
+#define FOUR(i) (job->dot4 && (i) + 4 <= nq && kvh[i] == kvh[(i) + 3]) /* dot4 and axpy4 come together */
 #define END(i) (len[i] < jb ? len[i] : jb)
     for (int j0 = 0; j0 < nmax; j0 += KEY_BLOCK) {
         const int jb = j0 + KEY_BLOCK < nmax ? j0 + KEY_BLOCK : nmax;
@@ -123,7 +123,7 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
         for (int i = 0; i < nq;) {
             const uint16_t *v = vb + (int64_t)(kvh[i] - kvh[0]) * hd;
             int j = j0;
-            if (FOUR(i) && job->axpy4) {
+            if (FOUR(i)) {
                 for (; j < END(i); j++) {
                     const float p[4] = {sc[i][j] * inv[i], sc[i + 1][j] * inv[i + 1],
                                         sc[i + 2][j] * inv[i + 2], sc[i + 3][j] * inv[i + 3]};
@@ -146,7 +146,7 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
 static void attention_items(void *ctx, int64_t begin, int64_t end, int thread) {
     const attention_job *job = ctx;
     const fm_attention_args *a = job->a;
-    const int nq = a->n_kv_heads * a->T * (a->n_heads / a->n_kv_heads);
+    const int nq = a->n_heads * a->T;
     const int64_t stride = a->n_keys > 0 ? a->n_keys : a->pos0 + a->T;
     float *sc0 = a->scratch + (int64_t)thread * FM_ATTN_ITEM_QUERIES * stride;
     for (int64_t item = begin; item < end; item++) {

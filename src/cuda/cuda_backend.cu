@@ -1022,6 +1022,22 @@ static void time_one(fm_cuda_backend *b, int which, int l, int T, int pdl) {
     }
 }
 
+/* Median milliseconds of `reps` replays (after 2) of the graph that record() captures on the backend's
+ * stream, or < 0 on error. */
+template <class F> static double time_captured(fm_cuda_backend *b, F &&record, int reps) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    if (cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
+    record();
+    if (cudaStreamEndCapture(b->st, &g) != cudaSuccess) return -1;
+    const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) return -1;
+    const double ms = fmc_median_ms([&] { cudaGraphLaunch(ge, b->st); }, b->st, 2, reps);
+    cudaGraphExecDestroy(ge);
+    return cudaGetLastError() != cudaSuccess ? -1 : ms;
+}
+
 extern "C" double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T, int pdl, uint64_t *bytes) {
     if (which >= 6 && (!b->has_drafter || T > b->dhp.block)) return -1;
     const int reps = which == 4 ? 4 : which >= 6 ? b->dhp.n_layers : b->n_layers;
@@ -1036,18 +1052,13 @@ extern "C" double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T
                         : 0;
     *b->h_pos = b->pos > 0 ? b->pos - 1 : 0;
     cudaMemcpy(b->d_pos, b->h_pos, 4, cudaMemcpyHostToDevice);
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    if (cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
-    for (int i = 0; i < reps; i++) time_one(b, which, i % b->n_layers, T, pdl);
-    if (cudaStreamEndCapture(b->st, &g) != cudaSuccess) return -1;
-    const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
-    cudaGraphDestroy(g);
-    if (e != cudaSuccess) return -1;
-    const double ms = fmc_median_ms([&] { cudaGraphLaunch(ge, b->st); }, b->st, 2, 10);
-    cudaGraphExecDestroy(ge);
-    if (cudaGetLastError() != cudaSuccess) return -1;
-    return ms * 1e3 / reps;
+    const double ms = time_captured(
+        b,
+        [&] {
+            for (int i = 0; i < reps; i++) time_one(b, which, i % b->n_layers, T, pdl);
+        },
+        10);
+    return ms < 0 ? -1 : ms * 1e3 / reps;
 }
 
 /* ---- the persistent-launch experiment (cuda_q8_persist.cu) ---- */
@@ -1067,6 +1078,15 @@ static int persist_products(fm_cuda_backend *b, fmc_persist_product *pr) {
     return n;
 }
 
+/* One product as the engine launches it (no quantiser: its activations are in place). */
+static void launch_product(fm_cuda_backend *b, const fmc_persist_product *p, int pdl) {
+    const fmc_q8_in in = {(int8_t *)p->xq, (float *)p->xd, NULL, 0, NULL, 0.f};
+    if (p->mode == FMC_PERSIST_GLU)
+        fmc_q8_glu(p->w, &in, 1, b->xq1, b->xd1, pdl, b->st);
+    else
+        fmc_q8_matmul(p->w, &in, 1, p->y, p->ldy, p->mode == FMC_PERSIST_ADD, NULL, 0, pdl, b->st);
+}
+
 /* One product by the engine's launch (form < 0, pdl off) or by a persistent form; its output copied to host.
  */
 static int persist_one(fm_cuda_backend *b, const fmc_persist_product *p, int form, unsigned *done,
@@ -1077,13 +1097,9 @@ static int persist_one(fm_cuda_backend *b, const fmc_persist_product *p, int for
     int grid = 0, smem = 0;
     out.resize(bytes);
     cudaMemset(o, 0, bytes);
-    if (form < 0) {
-        const fmc_q8_in in = {(int8_t *)p->xq, (float *)p->xd, NULL, 0, NULL, 0.f};
-        if (glu)
-            fmc_q8_glu(p->w, &in, 1, b->xq1, b->xd1, 0, b->st);
-        else
-            fmc_q8_matmul(p->w, &in, 1, p->y, p->ldy, p->mode == FMC_PERSIST_ADD, NULL, 0, 0, b->st);
-    } else {
+    if (form < 0)
+        launch_product(b, p, 0);
+    else {
         if (fmc_q8_persist_prepare(p, 1, b->xq1, b->xd1, form, &grid, &smem)) return -1;
         fmc_q8_persist_launch(form, done, 1, 1, grid, smem, b->st);
     }
@@ -1111,25 +1127,13 @@ extern "C" double fm_cuda_debug_persist(fm_cuda_backend *b, int form, int waits)
     }
     int grid = 0, smem = 0;
     if (form >= 0 && fmc_q8_persist_prepare(pr, n, b->xq1, b->xd1, form, &grid, &smem)) return -1;
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    if (cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
-    if (form >= 0)
-        fmc_q8_persist_launch(form, done, n, waits, grid, smem, b->st);
-    else
-        for (int i = 0; i < n; i++) {
-            const fmc_q8_in in = {(int8_t *)pr[i].xq, (float *)pr[i].xd, NULL, 0, NULL, 0.f};
-            if (pr[i].mode == FMC_PERSIST_GLU)
-                fmc_q8_glu(pr[i].w, &in, 1, b->xq1, b->xd1, waits, b->st);
+    return time_captured(
+        b,
+        [&] {
+            if (form >= 0)
+                fmc_q8_persist_launch(form, done, n, waits, grid, smem, b->st);
             else
-                fmc_q8_matmul(pr[i].w, &in, 1, pr[i].y, pr[i].ldy, pr[i].mode == FMC_PERSIST_ADD, NULL, 0,
-                              waits, b->st);
-        }
-    if (cudaStreamEndCapture(b->st, &g) != cudaSuccess) return -1;
-    const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
-    cudaGraphDestroy(g);
-    if (e != cudaSuccess) return -1;
-    const double ms = fmc_median_ms([&] { cudaGraphLaunch(ge, b->st); }, b->st, 2, 20);
-    cudaGraphExecDestroy(ge);
-    return cudaGetLastError() != cudaSuccess ? -1 : ms;
+                for (int i = 0; i < n; i++) launch_product(b, &pr[i], waits);
+        },
+        20);
 }
