@@ -794,7 +794,7 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
         dmm(b, &L->sqkv, in, D, K, b->dqkv, 3 * D, NULL, FMC_BF16_STORE, NULL, pdl);
         /* queries and keys in one launch */
         fmc_dr_norm_rope(b->dqkv, 3 * D, K, nh, hd, L->sq_norm, L->sk_norm, hp->qk_eps, b->d_dpos, 1,
-                         b->inv_freq, NULL, NULL, NULL, pdl, s);
+                         b->inv_freq, pdl, s);
         /* a Q8_0 product's input leaves the attention quantised (the bits its quantiser would give) */
         const bool so_q = L->so.is_q8 && hd % 32 == 0;
         fmc_dr_attention(b->dqkv, 3 * D, K, b->dqkv + D, b->dqkv + 2 * D, 3 * D, NULL, NULL, NULL, K, K, nh,
@@ -804,8 +804,8 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
         m = mod_at(b, l * 3 + 1);
         in = ln_mod(b, &L->cq, m, K, pdl);
         dmm(b, &L->cq, in, D, K, b->dqkv, D, NULL, FMC_BF16_STORE, NULL, pdl);
-        fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, NULL, hp->qk_eps, b->d_dpos, 1, b->inv_freq, NULL,
-                         NULL, NULL, pdl, s);
+        fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, NULL, hp->qk_eps, b->d_dpos, 1, b->inv_freq, pdl,
+                         s);
         /* the merge quantises a row's 32-blocks by warps: heads of a multiple of 32 dimensions */
         const bool co_q = L->co.is_q8 && hd % 32 == 0;
         if (co_q)

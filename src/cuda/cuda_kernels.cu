@@ -190,11 +190,10 @@ __device__ __forceinline__ void dr_norm_rope_head(float *x, int ld, int hd, cons
 
 /* grid (T, n_heads or 2 n_heads with w2: blocks of the second set take the heads after the first). */
 __global__ void k_dr_norm_rope(float *x, int ld, int hd, const float *w, const float *w2, float eps,
-                               const int *dpos, int pos0, const float *inv_freq, const float *v, __half *kc,
-                               __half *vc, int D) {
+                               const int *dpos, int pos0, const float *inv_freq, int D) {
     pdl_trigger();
     pdl_wait();
-    dr_norm_rope_head(x, ld, hd, w, w2, eps, dpos, pos0, inv_freq, v, kc, vc, D);
+    dr_norm_rope_head(x, ld, hd, w, w2, eps, dpos, pos0, inv_freq, NULL, NULL, NULL, D);
 }
 
 /* grid (T, n_heads, layers): layer blockIdx.z's cross keys and values into its caches. */
@@ -209,12 +208,11 @@ __global__ void k_dr_kv_layers(float *x, int ld, int hd, size_t lstride, size_t 
 }
 
 void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, const float *w2,
-                      float eps, const int *dpos, int pos0, const float *inv_freq, const float *v,
-                      __half *k_cache, __half *v_cache, int pdl, cudaStream_t s) {
+                      float eps, const int *dpos, int pos0, const float *inv_freq, int pdl, cudaStream_t s) {
     const dim3 grid(T, w2 ? 2 * n_heads : n_heads);
     /* Each thread reads exactly the pair it writes, so the in-place update needs no barrier. */
-    fmc_launch(k_dr_norm_rope, grid, dim3(64), 0, s, pdl, x, ld, hd, w, w2, eps, dpos, pos0, inv_freq, v,
-               k_cache, v_cache, n_heads * hd);
+    fmc_launch(k_dr_norm_rope, grid, dim3(64), 0, s, pdl, x, ld, hd, w, w2, eps, dpos, pos0, inv_freq,
+               n_heads * hd);
 }
 
 void fmc_dr_kv_rows(float *x, int ld, int T, int n_heads, int hd, int n_layers, size_t lstride, size_t vofs,

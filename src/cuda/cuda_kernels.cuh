@@ -232,15 +232,14 @@ void fmc_ln_mod_rows(const float *x, const float *scale, const float *shift, int
                      float *y, int pdl, cudaStream_t s);
 /* In place on x [T][ld] (heads at col 0): per-head RMSNorm w, interleaved RoPE (2i, 2i+1) at position
  * p0 + t, p0 = pos0 + (dpos ? *dpos : 0), angle (float)pos * inv_freq[i]. With w2, a second set of n_heads
- * heads right after the first (the keys after the queries) is done in the same launch with w2. When k_cache
- * != NULL the result goes to k_cache rows p0 + t (f16, row stride n_heads*hd) instead, and v (same shape,
- * stride ld) to v_cache. */
+ * heads right after the first (the keys after the queries) is done in the same launch with w2. */
 void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, const float *w2,
-                      float eps, const int *dpos, int pos0, const float *inv_freq, const float *v,
-                      __half *k_cache, __half *v_cache, int pdl, cudaStream_t s);
+                      float eps, const int *dpos, int pos0, const float *inv_freq, int pdl, cudaStream_t s);
 /* The drafter's cross keys and values of every layer in one launch: layer l's keys are x + l * lstride (row
- * stride ld), its values x + l * lstride + vofs, its key norm L->w[l], its caches L->kc[l] / L->vc[l]; each
- * layer as fmc_dr_norm_rope with k_cache would do it (the same bits). n_layers <= FMC_DR_MAX_LAYERS. */
+ * stride ld), its values x + l * lstride + vofs, its key norm L->w[l], its caches L->kc[l] / L->vc[l]. The
+ * keys are normed and rotated as fmc_dr_norm_rope does (the same device code) and go to the key cache rows
+ * p0 + t (f16, row stride n_heads * hd), the values to the value cache rows; x is left as it was.
+ * n_layers <= FMC_DR_MAX_LAYERS. */
 enum { FMC_DR_MAX_LAYERS = 16 };
 typedef struct {
     const float *w[FMC_DR_MAX_LAYERS];
