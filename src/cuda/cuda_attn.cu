@@ -70,14 +70,31 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
                q_norm, k_norm, eps, rope, pos, q_out, k_cache, v_cache);
 }
 
-/* FMC_ATT_LONG, for launches whose rows and heads fit one 16-row tile (steps, the drafter's 16 slots):
- * blocks of ATT_STEP_WARPS warps (one computes, both load) with shared memory for that tile, spread over
- * ATT_STEP_SPLIT_BLOCKS blocks per KV head, several to an SM. The 8-warp block holds 246 registers a thread
- * (one block an SM) and leaves 7 of its 8 warps idle in a step: at 16k positions a step's attention ran at
- * 0.5 TB/s. At short contexts the 2-warp block's two rounds of loads per split cost more than it gains
- * (H200, plain step: 512 positions 2.72 -> 2.84 ms, 16k positions 7.60 -> 5.97 ms; 4 warps and 32 blocks:
- * 2.77 and 6.39 ms). Same bits either way. */
-enum { ATT_STEP_QROWS = 16, ATT_STEP_WARPS = 2, ATT_STEP_SPLIT_BLOCKS = 64, ATT_SPLIT_BLOCKS = 16 };
+/* The launch shapes. FMC_ATT_SHORT: blocks of 8 warps holding 128 queries (a whole verify block), 16 per KV
+ * head. The 8-warp block holds 246 registers a thread (one block an SM), and a step leaves 7 of its 8 warps
+ * idle: at 16k positions a step's attention ran at 0.5 TB/s. FMC_ATT_LONG, for launches of up to 64 queries
+ * a KV head (steps, the drafter's 16 slots, verify blocks of up to 64 / G rows): the smallest block whose
+ * 16-query tiles hold them, at least 2 warps (both load; one computes when the queries fit one tile), with
+ * 128 warps per KV head in all, several blocks to an SM. At short contexts the small blocks' extra rounds of
+ * loads per split cost more than they gain (H200, plain step: 512 positions 2.72 -> 2.84 ms, 16k positions
+ * 7.60 -> 5.97 ms; 4 warps and 32 blocks: 2.77 and 6.39 ms; verify(8) at 16k: 9.24 -> 8.08 ms with the
+ * 32-query blocks). Same bits whatever the shape. */
+struct attn_shape {
+    int qr, nw, blocks; /* queries and warps of a block, blocks per KV head */
+};
+static const attn_shape k_attn_shapes[] = {{16, 2, 64}, {32, 2, 64}, {64, 4, 32}, {ATT_QROWS, ATT_WARPS, 16}};
+static const attn_shape &k_attn_short = k_attn_shapes[3];
+
+static attn_shape attn_shape_for(int T, int G, int form) {
+    if (form == FMC_ATT_LONG)
+        for (const attn_shape &sh : k_attn_shapes)
+            if (T * G <= sh.qr) return sh;
+    return k_attn_short;
+}
+
+int fmc_attn_long_form(int T, int n_heads, int n_kv) {
+    return attn_shape_for(T, n_heads / n_kv, FMC_ATT_LONG).qr < k_attn_short.qr;
+}
 
 /* Shared memory of a split block: K [64][hd/2 + 4] half2 words, V [64][hd + 8] halves, the block's query
  * rows as two f16 parts [2][qr][hd + 8] (the pads spread a fragment's rows over all banks). */
@@ -86,12 +103,11 @@ static size_t attn_smem(int hd, int qr) {
            (size_t)2 * qr * (hd + 8) * 2;
 }
 
-/* grid (min(max_splits, ATT_SPLIT_BLOCKS, or in the long form ATT_STEP_SPLIT_BLOCKS), n_kv, ceil(T / rows)),
- * NW warps, rows = QR / G query rows of T (G = n_heads / n_kv query heads each). Block x takes splits x,
- * x + gridDim.x, ... (a graph sized for the whole context launches few idle blocks). Split s: keys [j0, j0 +
- * 64), j0 = 64 s, of KV head g, loaded into shared memory once for all the block's (row, head) queries;
- * query i = (t - tb) G + head sits in row i % 16 of warp i / 16's tile. The length of row t is pos + t + 1
- * (causal) or pos + 1.
+/* grid (min(max_splits, the shape's blocks per KV head), n_kv, ceil(T / rows)), NW warps, rows = QR / G
+ * query rows of T (G = n_heads / n_kv query heads each). Block x takes splits x, x + gridDim.x, ... (a graph
+ * sized for the whole context launches few idle blocks). Split s: keys [j0, j0 + 64), j0 = 64 s, of KV head
+ * g, loaded into shared memory once for all the block's (row, head) queries; query i = (t - tb) G + head sits
+ * in row i % 16 of warp i / 16's tile. The length of row t is pos + t + 1 (causal) or pos + 1.
  *
  * On the f16 tensor cores (mma m16n8k16, f32 accumulation): scores S = Q K^T for 16 queries x 64 keys, the
  * softmax in registers (a query's 64 scores sit in one lane quad: max and sum in a fixed order), then O = P V
@@ -221,22 +237,25 @@ __global__ void k_attn_combine(int n_heads, int hd, const int *pos, int causal, 
 typedef void (*attn_kernel)(const float *, int, int, int, const __half *, const __half *, const int *, int,
                             int, float *);
 
-static attn_kernel attn_pick(int hd, int qr) {
-    return attn_by_hd<attn_kernel>(hd, [qr](auto c) -> attn_kernel {
-        return qr == ATT_STEP_QROWS ? k_attn_split<decltype(c)::value, ATT_STEP_QROWS, ATT_STEP_WARPS>
-                                    : k_attn_split<decltype(c)::value, ATT_QROWS, ATT_WARPS>;
+static attn_kernel attn_pick(int hd, attn_shape sh) {
+    return attn_by_hd<attn_kernel>(hd, [sh](auto c) -> attn_kernel {
+        constexpr int HD = decltype(c)::value;
+        return sh.qr == 16   ? k_attn_split<HD, 16, 2>
+               : sh.qr == 32 ? k_attn_split<HD, 32, 2>
+               : sh.qr == 64 ? k_attn_split<HD, 64, 4>
+                             : k_attn_split<HD, ATT_QROWS, ATT_WARPS>;
     });
 }
 
 int fmc_attn_head_dim_ok(int hd) {
-    return attn_pick(hd, ATT_QROWS) != NULL;
+    return attn_pick(hd, k_attn_short) != NULL;
 }
 
 int fmc_attn_init(void) {
     for (int hd = 16; hd <= 256; hd *= 2)
-        for (int qr : {(int)ATT_STEP_QROWS, (int)ATT_QROWS})
-            if (cudaFuncSetAttribute(attn_pick(hd, qr), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)attn_smem(hd, qr)) != cudaSuccess)
+        for (const attn_shape &sh : k_attn_shapes)
+            if (cudaFuncSetAttribute(attn_pick(hd, sh), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)attn_smem(hd, sh.qr)) != cudaSuccess)
                 return -1;
     return attn_prefill_init();
 }
@@ -252,13 +271,12 @@ static void attention(const float *q, int T, int n_heads, int n_kv, int hd, cons
         if (xq) fmc_q8_quant(part, n_heads * hd, NULL, 0.0f, n_heads * hd, T, xq, xd, pdl, s);
         return;
     }
-    const bool step = form == FMC_ATT_LONG && T * (n_heads / n_kv) <= ATT_STEP_QROWS;
-    const int G = n_heads / n_kv, qr = step ? (int)ATT_STEP_QROWS : (int)ATT_QROWS;
-    const int nw = step ? (int)ATT_STEP_WARPS : (int)ATT_WARPS;
-    const int sb = std::min(max_splits, step ? (int)ATT_STEP_SPLIT_BLOCKS : (int)ATT_SPLIT_BLOCKS),
-              rows = qr / G;
-    fmc_launch(attn_pick(hd, qr), dim3(sb, n_kv, (T + rows - 1) / rows), dim3(nw * 32), attn_smem(hd, qr), s,
-               pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos, causal, max_splits, part);
+    const int G = n_heads / n_kv;
+    const attn_shape sh = attn_shape_for(T, G, form);
+    const int rows = sh.qr / G;
+    fmc_launch(attn_pick(hd, sh), dim3(std::min(max_splits, sh.blocks), n_kv, (T + rows - 1) / rows),
+               dim3(sh.nw * 32), attn_smem(hd, sh.qr), s, pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos,
+               causal, max_splits, part);
     fmc_launch(k_attn_combine, dim3(n_heads, T), dim3(hd), 0, s, pdl, n_heads, hd, pos, causal, max_splits,
                (const float *)part, xq, xd, out);
 }

@@ -609,10 +609,10 @@ static int capture(fm_cuda_backend *b, void (*fn)(fm_cuda_backend *, int, int), 
     return 0;
 }
 
-/* The attention form of a forward of T rows at the current b->att_form: only launches of up to 16 rows x
- * heads of a group have two (fmc_attention_q8), so only those get a graph of each. */
+/* The attention form of a forward of T rows at the current b->att_form: only launches of up to 64 rows x
+ * heads of a group have two (fmc_attn_long_form), so only those get a graph of each. */
 static int graph_form(const fm_cuda_backend *b, int T) {
-    return T * (b->n_heads / b->n_kv) <= 16 ? b->att_form : FMC_ATT_SHORT;
+    return fmc_attn_long_form(T, b->n_heads, b->n_kv) ? b->att_form : FMC_ATT_SHORT;
 }
 
 static const graph_t *find_graph(const fm_cuda_backend *b, int T, int mode) {

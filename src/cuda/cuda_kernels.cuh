@@ -200,10 +200,12 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
 int fmc_attn_prefill_fits(int n_heads, int n_kv, int hd);
 /* Whether the attention kernels take heads of hd dimensions (16, 32, 64, 128 or 256). */
 int fmc_attn_head_dim_ok(int hd);
-/* form: FMC_ATT_SHORT, or FMC_ATT_LONG for long contexts, where launches of at most 16 rows x heads of a
- * group (steps, the drafter's slots) run on many small blocks (cuda_attn.cu): faster from about 2k
- * positions, slower below. The same bits either way. */
+/* form: FMC_ATT_SHORT, or FMC_ATT_LONG for long contexts, where launches of at most 64 rows x heads of a
+ * group (steps, the drafter's slots, verify blocks of up to 16 rows of Qwen3-4B) run on many small blocks
+ * (cuda_attn.cu): faster from about 2k positions, slower below. The same bits either way. */
 enum { FMC_ATT_SHORT = 0, FMC_ATT_LONG = 1 };
+/* Whether a launch of T rows has a long form distinct from the short one. */
+int fmc_attn_long_form(int T, int n_heads, int n_kv);
 void fmc_attention_q8(const float *q, int T, int n_heads, int n_kv, int hd, const __half *k_cache,
                       const __half *v_cache, const int *pos, int causal, int max_splits, float *part,
                       int8_t *xq, float *xd, int form, int pdl, cudaStream_t s);
