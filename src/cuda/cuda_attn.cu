@@ -207,32 +207,57 @@ __global__ void __launch_bounds__(NW * 32)
     if (!waited) pdl_wait();
 }
 
-/* grid (n_heads, T), hd threads: fold the splits in split order (attn_fold_weights, as the one-pass kernel
- * does), then quantise the head's hd outputs (one Q8_0 block per warp) into fragment order (xq != NULL), or
- * store them as f32 rows of out. */
-__global__ void k_attn_combine(int n_heads, int hd, const int *pos, int causal, int max_splits,
-                               const float *part, int8_t *xq, float *xd, float *out) {
+/* grid (n_heads, T), HD threads: fold the splits in split order (attn_fold_weights, as the one-pass kernel
+ * does), then quantise the head's HD outputs (one Q8_0 block per warp) into fragment order (xq != NULL), or
+ * store them as f32 rows of out. The fold is a chain through every split; its operands come through shared
+ * memory in chunks of CH splits, the next chunk copied (cp.async) while this one folds, because loading
+ * them split by split left the chain waiting on L2: at 16k positions (256 splits) this kernel took 77 us a
+ * layer, twice the split kernel. */
+template <int HD>
+__global__ void __launch_bounds__(HD)
+    k_attn_combine(int n_heads, const int *pos, int causal, int max_splits, const float *part, int8_t *xq,
+                   float *xd, float *out) {
+    constexpr int R = HD + 2, CH = HD >= 256 ? 16 : 32; /* floats a split; splits a chunk (<= 33 KB) */
+    __shared__ __align__(16) float buf[2][CH * R];
     pdl_trigger();
     pdl_wait();
-    const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, NB = n_heads * hd / 32;
+    const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, NB = n_heads * HD / 32;
     const int len = causal ? *pos + t + 1 : *pos + 1, ns = (len + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
-    const float *pr = part + ((size_t)t * n_heads + h) * max_splits * (hd + 2);
+    const float *pr = part + ((size_t)t * n_heads + h) * max_splits * R; /* 8-byte aligned (R is even) */
+    auto fetch = [&](int c) {
+        const int n2 = (min(ns, (c + 1) * CH) - c * CH) * R / 2;
+        const float *src = pr + (size_t)c * CH * R;
+        for (int k = i; k < n2; k += HD) cp_async8(&buf[c & 1][2 * k], src + 2 * k);
+        cp_async_commit();
+    };
     float M = -INFINITY, L = 0.0f, o = 0.0f;
+    const int nc = (ns + CH - 1) / CH;
+    fetch(0);
+    for (int c = 0; c < nc; c++) {
+        if (c + 1 < nc) fetch(c + 1), cp_async_wait<1>();
+        else cp_async_wait<0>();
+        __syncthreads();
+        const float *b = buf[c & 1];
+        const int n = min(ns - c * CH, (int)CH);
 #pragma unroll 4
-    for (int s = 0; s < ns; s++, pr += hd + 2) {
-        const float2 w = attn_fold_weights(&M, &L, pr[hd], pr[hd + 1]);
-        o = attn_fold(o, pr[i], w);
+        for (int k = 0; k < n; k++, b += R) {
+            const float2 w = attn_fold_weights(&M, &L, b[HD], b[HD + 1]);
+            o = attn_fold(o, b[i], w);
+        }
+        __syncthreads(); /* the chunk's buffer is refilled next */
     }
     const float y = __fdiv_rn(o, L);
-    const int k = h * hd + i;
+    const int k = h * HD + i;
     if (!xq) {
-        out[(size_t)t * n_heads * hd + k] = y;
+        out[(size_t)t * n_heads * HD + k] = y;
         return;
     }
     float d;
     xq[frag_off(t, k, NB)] = quant_lane(y, &d);
     if ((i & 31) == 0) xd[frag_d(t, k / 32, NB)] = d;
 }
+
+typedef void (*combine_kernel)(int, const int *, int, int, const float *, int8_t *, float *, float *);
 
 typedef void (*attn_kernel)(const float *, int, int, int, const __half *, const __half *, const int *, int,
                             int, float *);
@@ -277,7 +302,9 @@ static void attention(const float *q, int T, int n_heads, int n_kv, int hd, cons
     fmc_launch(attn_pick(hd, sh), dim3(std::min(max_splits, sh.blocks), n_kv, (T + rows - 1) / rows),
                dim3(sh.nw * 32), attn_smem(hd, sh.qr), s, pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos,
                causal, max_splits, part);
-    fmc_launch(k_attn_combine, dim3(n_heads, T), dim3(hd), 0, s, pdl, n_heads, hd, pos, causal, max_splits,
+    const combine_kernel combine = attn_by_hd<combine_kernel>(
+        hd, [](auto c) -> combine_kernel { return k_attn_combine<decltype(c)::value>; });
+    fmc_launch(combine, dim3(n_heads, T), dim3(hd), 0, s, pdl, n_heads, pos, causal, max_splits,
                (const float *)part, xq, xd, out);
 }
 
