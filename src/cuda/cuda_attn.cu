@@ -75,10 +75,14 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
  * idle: at 16k positions a step's attention ran at 0.5 TB/s. FMC_ATT_LONG, for launches of up to 64 queries
  * a KV head (steps, the drafter's 16 slots, verify blocks of up to 64 / G rows): the smallest block whose
  * 16-query tiles hold them, at least 2 warps (both load; one computes when the queries fit one tile), with
- * 128 warps per KV head in all, several blocks to an SM. At short contexts the small blocks' extra rounds of
- * loads per split cost more than they gain (H200, plain step: 512 positions 2.72 -> 2.84 ms, 16k positions
- * 7.60 -> 5.97 ms; 4 warps and 32 blocks: 2.77 and 6.39 ms; verify(8) at 16k: 9.24 -> 8.08 ms with the
- * 32-query blocks). Same bits whatever the shape. */
+ * 128 warps per KV head in all, several blocks to an SM. The one-tile blocks run ATT_TILE_BLOCKS to an SM,
+ * as many as their shared memory allows, their registers held to 204 for it (a few spilled); the same bound
+ * on the 32-query blocks, where both warps compute, made them slower. H200, plain step: 512 positions 2.72
+ * -> 2.84 ms, 16k positions 7.60 -> 5.97 ms (4 warps and 32 blocks: 2.77 and 6.39 ms), with 5 blocks an SM
+ * 5.04 -> 4.60 ms; verify(8) at 16k: 9.24 -> 8.08 ms with the 32-query blocks (6.33 ms held to 5 an SM
+ * against 5.94). At short contexts the small blocks' extra rounds of loads per split cost more than they
+ * gain. Same bits whatever the shape. */
+enum { ATT_TILE_BLOCKS = 5 };
 struct attn_shape {
     int qr, nw, blocks; /* queries and warps of a block, blocks per KV head */
 };
@@ -116,7 +120,7 @@ static size_t attn_smem(int hd, int qr) {
  * row of Q, the keys and its length, never on which tile or lane it landed in: the same bits whatever T is.
  */
 template <int HD, int QR, int NW>
-__global__ void __launch_bounds__(NW * 32)
+__global__ void __launch_bounds__(NW * 32, QR == 16 ? ATT_TILE_BLOCKS : 1)
     k_attn_split(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
                  const int *pos, int causal, int max_splits, float *part) {
     constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8;

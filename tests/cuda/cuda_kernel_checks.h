@@ -276,6 +276,7 @@ static void kc_run_all(void) {
     kc_check_attention(1, 32, 8, 128, 5000, 1, 34);  /* 79 splits: the long form's blocks take two */
     kc_check_attention(8, 32, 8, 128, 4990, 1, 35);  /* the long form's 32-query blocks */
     kc_check_attention(16, 32, 8, 128, 4100, 1, 36); /* its 64-query blocks, 3 splits for some */
+    kc_check_attention(17, 32, 8, 128, 4500, 1, 37); /* past the long form: 68 queries */
     kc_check_attention(8, 32, 8, 128, 60, 1, 19);    /* rows cross the 64-key boundary */
     kc_check_attention(17, 32, 8, 128, 511, 1, 20);  /* first row at a split's last key */
     kc_check_attention(40, 32, 8, 128, 90, 1, 21);   /* 40 rows: two row groups of 32 */
