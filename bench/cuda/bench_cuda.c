@@ -4,6 +4,7 @@
  * verify(8), verify(17) and draft time relative to a step, and end-to-end tok/s at simulated acceptance;
  * then (unless FM_BENCH_BF16_ONLY is set) the drafter rows again in the same process with the drafter's
  * Q8_0 copy (fm_drafter_quantize_q8_0, what --draft-weights q8_0 uploads), on a fresh backend.
+ * FM_BENCH_QUICK: the plain steps only; FM_BENCH_TARGET_ONLY: no drafter rows.
  * usage: bench_cuda WORKDIR [prompt_len=512] [new_tokens=256] */
 #include <cuda_profiler_api.h>
 #include <stdint.h>
@@ -357,6 +358,7 @@ int main(int argc, char **argv) {
         const double vt = median(v, 20);
         printf("RESULT verify(%d): %.3f ms = %.2f x step\n", T, vt * 1e3, vt / step);
     }
+    if (getenv("FM_BENCH_TARGET_ONLY")) return 0; /* the target's rows only (attention-variant sweeps) */
     if (drafter_rows(gb, &G, d, prompt, NP, NEW, next, step, bw, "bf16 drafter")) return 1;
     fm_cuda_backend_free(gb);
     gb = NULL;
