@@ -71,40 +71,44 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
 }
 
 /* The launch shapes. FMC_ATT_SHORT: blocks of 8 warps holding 128 queries (a whole verify block), 16 per KV
- * head. The 8-warp block holds 246 registers a thread (one block an SM), and a step leaves 7 of its 8 warps
- * idle: at 16k positions a step's attention ran at 0.5 TB/s. FMC_ATT_LONG, for launches of up to 64 queries
- * a KV head (steps, the drafter's 16 slots, verify blocks of up to 64 / G rows): the smallest block whose
- * 16-query tiles hold them, at least 2 warps (both load; one computes when the queries fit one tile), with
- * 128 warps per KV head in all, several blocks to an SM. The one-tile blocks run ATT_TILE_BLOCKS to an SM,
- * as many as their shared memory allows, their registers held to 204 for it (a few spilled); the same bound
- * on the 32-query blocks, where both warps compute, made them slower. H200, plain step: 512 positions 2.72
- * -> 2.84 ms, 16k positions 7.60 -> 5.97 ms (4 warps and 32 blocks: 2.77 and 6.39 ms), with 5 blocks an SM
- * 5.04 -> 4.60 ms; verify(8) at 16k: 9.24 -> 8.08 ms with the 32-query blocks (6.33 ms held to 5 an SM
- * against 5.94). At short contexts the small blocks' extra rounds of loads per split cost more than they
- * gain. Same bits whatever the shape. */
-enum { ATT_TILE_BLOCKS = 5 };
+ * head. FMC_ATT_LONG (from ~2k positions, where a step's attention reads more cache than weights), for
+ * launches of up to 64 queries a KV head (steps, the drafter's 16 slots, verify blocks of up to 64 / G
+ * rows): the smallest block whose 16-query tiles hold them, at least 2 warps (both load; one computes when
+ * the queries fit one tile), 128 warps per KV head in all. Measured on the H200, plain steps alternated
+ * with the binary before each change in one device call:
+ * - the 8-warp block holds 246 registers a thread (one an SM) and a step leaves 7 of its 8 warps idle: at
+ *   16k positions the step's attention ran at 0.5 TB/s; 2-warp blocks: 16k step 7.60 -> 5.97 ms, 512
+ *   positions 2.72 -> 2.84 ms (so the short form stays below ~2k);
+ * - the one-tile blocks copy their splits with cp.async (k_attn_split_async: 160 registers, 5 blocks an SM
+ *   as their shared memory allows): 16k step 5.04 -> 4.30 ms (4.60 through registers held to 204);
+ * - the 32- and 64-query blocks keep the register loads: verify(8) at 16k took 88 us a layer against 92
+ *   with cp.async (one or two stages), 6.33 ms against 5.94 held to 5 blocks an SM;
+ * - cp.async with two stages (the next split copied while this one computes) made the 8-warp blocks' verify
+ *   (17) at 16k 155 -> 130 us a layer in one build and not in another (152), and the 512-position step 1.2 %
+ *   slower: not used.
+ * Same bits whatever the shape: every shape runs the same per-query code (attn_split_tile). */
 struct attn_shape {
     int qr, nw, blocks; /* queries and warps of a block, blocks per KV head */
 };
-static const attn_shape k_attn_shapes[] = {{16, 2, 64}, {32, 2, 64}, {64, 4, 32}, {ATT_QROWS, ATT_WARPS, 16}};
-static const attn_shape &k_attn_short = k_attn_shapes[3];
-
-static attn_shape attn_shape_for(int T, int G, int form) {
-    if (form == FMC_ATT_LONG)
-        for (const attn_shape &sh : k_attn_shapes)
-            if (T * G <= sh.qr) return sh;
-    return k_attn_short;
-}
-
-int fmc_attn_long_form(int T, int n_heads, int n_kv) {
-    return attn_shape_for(T, n_heads / n_kv, FMC_ATT_LONG).qr < k_attn_short.qr;
-}
+static const attn_shape k_attn_long[] = {{16, 2, 64}, {32, 2, 64}, {64, 4, 32}, {ATT_QROWS, ATT_WARPS, 16}};
+static const attn_shape &k_attn_short = k_attn_long[3];
 
 /* Shared memory of a split block: K [64][hd/2 + 4] half2 words, V [64][hd + 8] halves, the block's query
  * rows as two f16 parts [2][qr][hd + 8] (the pads spread a fragment's rows over all banks). */
 static size_t attn_smem(int hd, int qr) {
     return (size_t)FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + (size_t)FMC_ATT_SPLIT * (hd + 8) * 2 +
            (size_t)2 * qr * (hd + 8) * 2;
+}
+
+static attn_shape attn_shape_for(int T, int G, int form) {
+    if (form == FMC_ATT_LONG)
+        for (const attn_shape &sh : k_attn_long)
+            if (T * G <= sh.qr) return sh;
+    return k_attn_short;
+}
+
+int fmc_attn_long_form(int T, int n_heads, int n_kv) {
+    return attn_shape_for(T, n_heads / n_kv, FMC_ATT_LONG).qr < k_attn_short.qr;
 }
 
 /* grid (min(max_splits, the shape's blocks per KV head), n_kv, ceil(T / rows)), NW warps, rows = QR / G
@@ -118,9 +122,65 @@ static size_t attn_smem(int hd, int qr) {
  * with P's registers as the A operand. q and P enter as two f16 parts each (split_half2), so the result stays
  * within f32 rounding of the exact attention over the f16 cache. A query's result depends only on its own
  * row of Q, the keys and its length, never on which tile or lane it landed in: the same bits whatever T is.
- */
+ * The two kernels below differ only in how a split reaches shared memory. */
+struct attn_block {
+    int g, G, tb, p0, nq, kv_dim, lane, warp, c, maxlen;
+    float scale;
+    int qt[2], qh[2], qlen[2]; /* the lane's two query rows (tile rows gr, gr + 8): row t, head, length */
+};
+
+template <int HD, int QR>
+__device__ __forceinline__ attn_block attn_block_setup(int T, int n_heads, int n_kv, const int *pos,
+                                                       int causal) {
+    attn_block a;
+    a.g = blockIdx.y, a.G = n_heads / n_kv;
+    const int rows = QR / a.G;
+    a.tb = blockIdx.z * rows, a.p0 = *pos;
+    const int te = min(T, a.tb + rows);
+    a.nq = (te - a.tb) * a.G, a.kv_dim = n_kv * HD;
+    a.lane = threadIdx.x & 31, a.warp = threadIdx.x >> 5, a.c = a.lane & 3;
+    a.maxlen = causal ? a.p0 + te : a.p0 + 1; /* the longest row of the block */
+    a.scale = 1.0f / sqrtf((float)HD);
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int i = a.warp * 16 + (a.lane >> 2) + 8 * u;
+        a.qt[u] = a.tb + i / a.G, a.qh[u] = a.g * a.G + i % a.G;
+        a.qlen[u] = i >= a.nq ? 0 : causal ? a.p0 + a.qt[u] + 1 : a.p0 + 1;
+    }
+    return a;
+}
+
+/* One warp's tile against split s in Ks / Vs: scores, softmax, P V, and the partial (O, m, l) of each of the
+ * lane's rows that reaches the split. */
+template <int HD, int QR>
+__device__ __forceinline__ void attn_split_tile(const attn_block &a, const __half *Qs, const uint32_t *Ks,
+                                                const __half *Vs, int s, int n_heads, int max_splits,
+                                                float *part) {
+    const int j0 = s * FMC_ATT_SPLIT;
+    float sc[8][4];
+    attn_scores<HD, QR>(Qs, Ks, a.warp, a.lane, sc);
+    /* softmax of each of the lane's two rows over its quad: max, exp, sum in a fixed order */
+    float m[2], l[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) l[u] = attn_softmax_row(sc, u, a.qlen[u] - j0, a.scale, a.c, &m[u]);
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    attn_pv<HD>(sc, Vs, a.lane, o);
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        if (a.qlen[u] <= j0) continue; /* past the row's length (or no row): the merge skips it */
+        float *out = part + (((size_t)a.qt[u] * n_heads + a.qh[u]) * max_splits + s) * (HD + 2);
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            *(float2 *)(out + n * 8 + 2 * a.c) = make_float2(o[n][2 * u], o[n][2 * u + 1]);
+        if (a.c == 0) out[HD] = m[u], out[HD + 1] = l[u];
+    }
+}
+
+/* Loads through registers: all of a round's 16-byte loads in flight at once, then stored. */
 template <int HD, int QR, int NW>
-__global__ void __launch_bounds__(NW * 32, QR == 16 ? ATT_TILE_BLOCKS : 1)
+__global__ void __launch_bounds__(NW * 32, 1)
     k_attn_split(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
                  const int *pos, int causal, int max_splits, float *part) {
     constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8;
@@ -133,25 +193,13 @@ __global__ void __launch_bounds__(NW * 32, QR == 16 ? ATT_TILE_BLOCKS : 1)
     pdl_trigger();
     /* *pos comes from the host before the graph; cache rows below it were written by earlier forwards, so
      * the first split's rows below it load before the predecessor (which writes rows pos ..) is done. */
-    const int g = blockIdx.y, G = n_heads / n_kv, rows = QR / G, tb = blockIdx.z * rows;
-    const int p0 = *pos, te = min(T, tb + rows), nq = (te - tb) * G, kv_dim = n_kv * HD;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, c = lane & 3;
-    const int maxlen = causal ? p0 + te : p0 + 1; /* the longest row of the block */
-    const float scale = 1.0f / sqrtf((float)HD);
-    /* this lane's two query rows (tile rows gr and gr + 8): their row t, head h and length */
-    int qt[2], qh[2], qlen[2];
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const int i = warp * 16 + gr + 8 * u;
-        qt[u] = tb + i / G, qh[u] = g * G + i % G;
-        qlen[u] = i >= nq ? 0 : causal ? p0 + qt[u] + 1 : p0 + 1;
-    }
-    const bool busy = warp * 16 < nq;
+    const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, pos, causal);
+    const bool busy = a.warp * 16 < a.nq;
     bool waited = false;
     for (int s = blockIdx.x; s < max_splits; s += gridDim.x) {
         const int j0 = s * FMC_ATT_SPLIT;
-        if (tb >= T || maxlen <= j0) break;
-        const int nload = min(FMC_ATT_SPLIT, maxlen - j0);
+        if (a.tb >= T || a.maxlen <= j0) break;
+        const int nload = min(FMC_ATT_SPLIT, a.maxlen - j0);
         /* A thread's 16-byte loads in rounds of 8 for K and V, all of a round in flight at once (8 warps: one
          * round up to 64 keys x 256 dims); V rows past nload are zeroed (P is 0 there, and 0 * garbage could
          * be NaN). */
@@ -162,13 +210,13 @@ __global__ void __launch_bounds__(NW * 32, QR == 16 ? ATT_TILE_BLOCKS : 1)
                 if (pass == 1 && !waited) {
                     pdl_wait(), waited = true;
                     /* the busy warps' tiles only (a step has 1) */
-                    attn_load_q<HD, QR>(q, Qs, tb, g, G, n_heads, (nq + 15) / 16 * 16, nq);
+                    attn_load_q<HD, QR>(q, Qs, a.tb, a.g, a.G, n_heads, (a.nq + 15) / 16 * 16, a.nq);
                 }
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     const int idx = threadIdx.x + (r * 8 + u) * NW * 32, j = idx / C8N, c8 = idx - j * C8N;
-                    if (idx < nload * C8N && (j0 + j < p0) == (pass == 0)) {
-                        const size_t off = (size_t)(j0 + j) * kv_dim + (size_t)g * HD + c8 * 8;
+                    if (idx < nload * C8N && (j0 + j < a.p0) == (pass == 0)) {
+                        const size_t off = (size_t)(j0 + j) * a.kv_dim + (size_t)a.g * HD + c8 * 8;
                         kr[u] = __ldcg((const int4 *)(kc + off));
                         vr[u] = __ldcg((const int4 *)(vc + off));
                     }
@@ -185,30 +233,61 @@ __global__ void __launch_bounds__(NW * 32, QR == 16 ? ATT_TILE_BLOCKS : 1)
             }
         }
         __syncthreads();
-        if (busy) {
-            float sc[8][4];
-            attn_scores<HD, QR>(Qs, Ks, warp, lane, sc);
-            /* softmax of each of the lane's two rows over its quad: max, exp, sum in a fixed order */
-            float m[2], l[2];
-#pragma unroll
-            for (int u = 0; u < 2; u++) l[u] = attn_softmax_row(sc, u, qlen[u] - j0, scale, c, &m[u]);
-            float o[HD / 8][4];
-#pragma unroll
-            for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-            attn_pv<HD>(sc, Vs, lane, o);
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                if (qlen[u] <= j0) continue; /* past the row's length (or no row): the merge skips it */
-                float *out = part + (((size_t)qt[u] * n_heads + qh[u]) * max_splits + s) * (HD + 2);
-#pragma unroll
-                for (int n = 0; n < HD / 8; n++)
-                    *(float2 *)(out + n * 8 + 2 * c) = make_float2(o[n][2 * u], o[n][2 * u + 1]);
-                if (c == 0) out[HD] = m[u], out[HD + 1] = l[u];
-            }
-        }
+        if (busy) attn_split_tile<HD, QR>(a, Qs, Ks, Vs, s, n_heads, max_splits, part);
         __syncthreads(); /* Ks / Vs are rewritten by the next split */
     }
     if (!waited) pdl_wait();
+}
+
+/* Copies by cp.async (L2 only, no registers: 160 a thread instead of 229, so the one-tile blocks fit as many
+ * to an SM as their shared memory allows). */
+template <int HD, int QR, int NW>
+__global__ void __launch_bounds__(NW * 32, 1)
+    k_attn_split_async(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
+                       const int *pos, int causal, int max_splits, float *part) {
+    constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8;
+    static_assert(QR <= NW * 16, "a 16-row query tile per warp");
+    extern __shared__ __align__(16) unsigned char smem[];
+    uint32_t *Ks = (uint32_t *)smem;
+    __half *Vs = (__half *)(Ks + FMC_ATT_SPLIT * KP);
+    __half *Qs = Vs + FMC_ATT_SPLIT * VP; /* [2][QR][QP]: high, low parts */
+    pdl_trigger();
+    const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, pos, causal);
+    const bool busy = a.warp * 16 < a.nq;
+    auto valid = [&](int s) { return s < max_splits && a.tb < T && s * FMC_ATT_SPLIT < a.maxlen; };
+    /* Split s's keys and values; rows past the block's longest row zero-filled (P is 0 there, and 0 *
+     * garbage could be NaN). which: rows below p0 (0), the others (1), all (2). */
+    auto copy_split = [&](int s, int which) {
+        const int j0 = s * FMC_ATT_SPLIT, nload = min(FMC_ATT_SPLIT, a.maxlen - j0);
+#pragma unroll 4
+        for (int idx = threadIdx.x; idx < FMC_ATT_SPLIT * C8N; idx += NW * 32) {
+            const int j = idx / C8N, c8 = idx - j * C8N;
+            if (which != 2 && (j0 + j < a.p0) != (which == 0)) continue;
+            const bool in = j < nload;
+            const size_t off = in ? (size_t)(j0 + j) * a.kv_dim + (size_t)a.g * HD + c8 * 8 : 0;
+            cp_async16(Ks + j * KP + c8 * 4, kc + off, in ? 16 : 0);
+            cp_async16(Vs + j * VP + c8 * 8, vc + off, in ? 16 : 0);
+        }
+    };
+    /* as in k_attn_split: the first split's rows below *pos before the predecessor is done */
+    int s = blockIdx.x;
+    if (valid(s)) copy_split(s, 0);
+    pdl_wait();
+    if (valid(s)) {
+        attn_load_q<HD, QR>(q, Qs, a.tb, a.g, a.G, n_heads, (a.nq + 15) / 16 * 16, a.nq);
+        copy_split(s, 1);
+    }
+    cp_async_commit();
+    while (valid(s)) {
+        const int next = s + gridDim.x;
+        cp_async_commit();  /* the copies issued after the previous split */
+        cp_async_wait<0>(); /* this split's copies have landed */
+        __syncthreads();
+        if (busy) attn_split_tile<HD, QR>(a, Qs, Ks, Vs, s, n_heads, max_splits, part);
+        __syncthreads(); /* Ks / Vs are rewritten next */
+        if (valid(next)) copy_split(next, 2);
+        s = next;
+    }
 }
 
 /* grid (n_heads, T), HD threads: fold the splits in split order (attn_fold_weights, as the one-pass kernel
@@ -269,7 +348,7 @@ typedef void (*attn_kernel)(const float *, int, int, int, const __half *, const 
 static attn_kernel attn_pick(int hd, attn_shape sh) {
     return attn_by_hd<attn_kernel>(hd, [sh](auto c) -> attn_kernel {
         constexpr int HD = decltype(c)::value;
-        return sh.qr == 16   ? k_attn_split<HD, 16, 2>
+        return sh.qr == 16   ? k_attn_split_async<HD, 16, 2>
                : sh.qr == 32 ? k_attn_split<HD, 32, 2>
                : sh.qr == 64 ? k_attn_split<HD, 64, 4>
                              : k_attn_split<HD, ATT_QROWS, ATT_WARPS>;
@@ -282,7 +361,7 @@ int fmc_attn_head_dim_ok(int hd) {
 
 int fmc_attn_init(void) {
     for (int hd = 16; hd <= 256; hd *= 2)
-        for (const attn_shape &sh : k_attn_shapes)
+        for (const attn_shape &sh : k_attn_long)
             if (cudaFuncSetAttribute(attn_pick(hd, sh), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)attn_smem(hd, sh.qr)) != cudaSuccess)
                 return -1;
