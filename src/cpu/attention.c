@@ -39,7 +39,8 @@ typedef struct {
     fm_attn_axpy_fn axpy;
     /* four queries at a time (NULL: one at a time): the same bits per query */
     void (*dot4)(const float *const q[4], const uint16_t *k, int n, float out[4]);
-    void (*axpy4)(float *const o[4], const float p[4], const uint16_t *v, int n);
+    void (*axpy4_rows)(float *const o[4], const float *const p[4], const uint16_t *v, int64_t stride, int nk,
+                       int n, int npf, int ahead);
     int qpi; /* queries (row, head) per work item */
 } attention_job;
 
@@ -86,7 +87,9 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
     const uint16_t *kb = a->k_cache + (int64_t)kvh[0] * hd, *vb = a->v_cache + (int64_t)kvh[0] * hd;
     /* Four queries at a time share a key row while they have the same KV head and all attend to the key
      * (within a KV head, later rows are longer); the others one at a time. */
-#define FOUR(i) (job->dot4 && (i) + 4 <= nq && kvh[i] == kvh[(i) + 3]) /* dot4 and axpy4 come together */
+#define FOUR(i)                                                                                              \
+    (job->dot4 && (i) + 4 <= nq && kvh[i] == kvh[(i) + 3]) /* dot4 and axpy4_rows come together              \
+                                                            */
 #define END(i) (len[i] < jb ? len[i] : jb)
     for (int j0 = 0; j0 < nmax; j0 += KEY_BLOCK) {
         const int jb = j0 + KEY_BLOCK < nmax ? j0 + KEY_BLOCK : nmax;
@@ -131,12 +134,15 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
             const uint16_t *v = vb + (int64_t)(kvh[i] - kvh[0]) * hd;
             int j = j0;
             if (FOUR(i)) {
-                for (; j < END(i); j++) {
-                    prefetch_ahead(v + (int64_t)j * kv_dim, j, nmax, kv_dim, hd);
-                    const float p[4] = {sc[i][j] * inv[i], sc[i + 1][j] * inv[i + 1],
-                                        sc[i + 2][j] * inv[i + 2], sc[i + 3][j] * inv[i + 3]};
-                    job->axpy4(op + i, p, v + (int64_t)j * kv_dim, hd);
-                }
+                /* rows j .. e of this block; those below nmax - KEY_BLOCK prefetch the next block's */
+                const int e = END(i) > j ? END(i) : j, pe = nmax - KEY_BLOCK < e ? nmax - KEY_BLOCK : e;
+                const int nk = e - j, npf = pe > j ? pe - j : 0;
+                float w[4][KEY_BLOCK];
+                for (int u = 0; u < 4; u++)
+                    for (int jj = 0; jj < nk; jj++) w[u][jj] = sc[i + u][j + jj] * inv[i + u];
+                const float *const wp[4] = {w[0], w[1], w[2], w[3]};
+                job->axpy4_rows(op + i, wp, v + (int64_t)j * kv_dim, kv_dim, nk, hd, npf, KEY_BLOCK);
+                j = e;
                 for (int u = 0; u < 4; u++)
                     for (int jj = j; jj < END(i + u); jj++)
                         job->axpy(op[i + u], sc[i + u][jj] * inv[i + u], v + (int64_t)jj * kv_dim, hd);
@@ -179,7 +185,7 @@ void fm_attention(fm_pool *pool, const fm_attention_args *a) {
                          fast ? fm_attn_dot_f16_avx2 : dot_f16_scalar,
                          fast ? fm_attn_axpy_f16_avx2 : axpy_f16_scalar,
                          four ? fm_attn_dot4_f16_avx2 : NULL,
-                         four ? fm_attn_axpy4_f16_avx2 : NULL,
+                         four ? fm_attn_axpy4_rows_f16_avx2 : NULL,
                          qpi};
     fm_pool_for(pool, (nq + qpi - 1) / qpi, 1, attention_items, &job);
 }

@@ -60,16 +60,34 @@ void fm_attn_dot4_f16_avx2(const float *const q[4], const uint16_t *k, int n, fl
     out[0] = reduce2(a0, b0), out[1] = reduce2(a1, b1), out[2] = reduce2(a2, b2), out[3] = reduce2(a3, b3);
 }
 
-void fm_attn_axpy4_f16_avx2(float *const o[4], const float p[4], const uint16_t *v, int n) {
-    /* the pointers in locals: stores through o[u] could otherwise alias o[] and force reloads */
-    float *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3];
-    const __m256 p0 = _mm256_set1_ps(p[0]), p1 = _mm256_set1_ps(p[1]), p2 = _mm256_set1_ps(p[2]),
-                 p3 = _mm256_set1_ps(p[3]);
-    for (int i = 0; i < n; i += 8) {
-        const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
-        _mm256_storeu_ps(o0 + i, _mm256_fmadd_ps(p0, x, _mm256_loadu_ps(o0 + i)));
-        _mm256_storeu_ps(o1 + i, _mm256_fmadd_ps(p1, x, _mm256_loadu_ps(o1 + i)));
-        _mm256_storeu_ps(o2 + i, _mm256_fmadd_ps(p2, x, _mm256_loadu_ps(o2 + i)));
-        _mm256_storeu_ps(o3 + i, _mm256_fmadd_ps(p3, x, _mm256_loadu_ps(o3 + i)));
+/* One value row j into four outputs for nk rows (v + j * stride, in key order), the outputs held in registers
+ * 16 dimensions at a time across the rows rather than loaded and stored for every row (which made the stores
+ * the limit): each output element gets fm_attn_axpy_f16_avx2's fmadds in the same order (the same bits).
+ * p[u][j]: query u's weight of row j. Rows j < npf also prefetch row j + ahead (the next block). */
+void fm_attn_axpy4_rows_f16_avx2(float *const o[4], const float *const p[4], const uint16_t *v,
+                                 int64_t stride, int nk, int n, int npf, int ahead) {
+    const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+    for (int c = 0; c < n; c += 16) {
+        float *o0 = o[0] + c, *o1 = o[1] + c, *o2 = o[2] + c, *o3 = o[3] + c;
+        __m256 a0 = _mm256_loadu_ps(o0), b0 = _mm256_loadu_ps(o0 + 8), a1 = _mm256_loadu_ps(o1),
+               b1 = _mm256_loadu_ps(o1 + 8), a2 = _mm256_loadu_ps(o2), b2 = _mm256_loadu_ps(o2 + 8),
+               a3 = _mm256_loadu_ps(o3), b3 = _mm256_loadu_ps(o3 + 8);
+        const uint16_t *r = v + c;
+        for (int j = 0; j < nk; j++, r += stride) {
+            if (c == 0 && j < npf) /* one row's lines per row, spread over the first pass */
+                for (int off = 0; off < n; off += 32)
+                    _mm_prefetch((const char *)(r + (int64_t)ahead * stride + off), _MM_HINT_T0);
+            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)r));
+            const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8)));
+            const __m256 w0 = _mm256_broadcast_ss(p0 + j), w1 = _mm256_broadcast_ss(p1 + j);
+            a0 = _mm256_fmadd_ps(w0, x, a0), b0 = _mm256_fmadd_ps(w0, y, b0);
+            a1 = _mm256_fmadd_ps(w1, x, a1), b1 = _mm256_fmadd_ps(w1, y, b1);
+            const __m256 w2 = _mm256_broadcast_ss(p2 + j), w3 = _mm256_broadcast_ss(p3 + j);
+            a2 = _mm256_fmadd_ps(w2, x, a2), b2 = _mm256_fmadd_ps(w2, y, b2);
+            a3 = _mm256_fmadd_ps(w3, x, a3), b3 = _mm256_fmadd_ps(w3, y, b3);
+        }
+        _mm256_storeu_ps(o0, a0), _mm256_storeu_ps(o0 + 8, b0), _mm256_storeu_ps(o1, a1);
+        _mm256_storeu_ps(o1 + 8, b1), _mm256_storeu_ps(o2, a2), _mm256_storeu_ps(o2 + 8, b2);
+        _mm256_storeu_ps(o3, a3), _mm256_storeu_ps(o3 + 8, b3);
     }
 }
