@@ -60,8 +60,8 @@ void fm_attn_dot4_f16_avx2(const float *const q[4], const uint16_t *k, int n, fl
     out[0] = reduce2(a0, b0), out[1] = reduce2(a1, b1), out[2] = reduce2(a2, b2), out[3] = reduce2(a3, b3);
 }
 
-/* One value row j into four outputs for nk rows (v + j * stride, in key order), the outputs held in registers
- * 16 dimensions at a time across the rows rather than loaded and stored for every row (which made the stores
+/* nk value rows (v + j * stride, in key order) into four outputs, the outputs held in registers 16
+ * dimensions at a time across the rows rather than loaded and stored for every row (which made the stores
  * the limit): each output element gets fm_attn_axpy_f16_avx2's fmadds in the same order (the same bits).
  * p[u][j]: query u's weight of row j. Rows j < npf also prefetch row j + ahead (the next block). */
 void fm_attn_axpy4_rows_f16_avx2(float *const o[4], const float *const p[4], const uint16_t *v,

@@ -84,8 +84,8 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
  * - the 32- and 64-query blocks keep the register loads: verify(8) at 16k took 88 us a layer against 92
  *   with cp.async (one or two stages), 6.33 ms against 5.94 held to 5 blocks an SM;
  * - cp.async with two stages (the next split copied while this one computes) made the 8-warp blocks' verify
- *   (17) at 16k 155 -> 130 us a layer in one build and not in another (152), and the 512-position step 1.2 %
- *   slower: not used.
+ *   (17) at 16k 155 -> 130 us a layer in two builds and not in a third (152), and the 512-position step
+ *   1.2 % slower: not used.
  * Same bits whatever the shape: every shape runs the same per-query code (attn_split_tile). */
 struct attn_shape {
     int qr, nw, blocks; /* queries and warps of a block, blocks per KV head */
