@@ -80,5 +80,7 @@ int main(void) {
     check(9, 4, 2, 32, 5, 0, 3);      /* the test models' heads */
     check(40, 8, 8, 64, 130, 0, 4);   /* no grouping, more rows than an item holds */
     check(16, 16, 16, 64, 0, 300, 5); /* the drafter's cross-attention: no mask, all rows of one head share */
+    check(1, 32, 8, 128, 2100, 0, 6); /* a step over 33 key blocks, the last one partial */
+    check(17, 32, 8, 128, 1010, 0, 7); /* a verify block whose rows end in two different key blocks */
     return fm_test_report("test_attention");
 }
