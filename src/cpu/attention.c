@@ -33,10 +33,20 @@ static void axpy_f16_scalar(float *o, float p, const uint16_t *v, int n) {
     for (int d = 0; d < n; d++) o[d] += p * f16_table[v[d]];
 }
 
+static float exp_sum_scalar(float *s, int n, float mx) {
+    float sum = 0;
+    for (int j = 0; j < n; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    return sum;
+}
+
 typedef struct {
     const fm_attention_args *a;
     fm_attn_dot_fn dot;
     fm_attn_axpy_fn axpy;
+    fm_attn_exp_sum_fn exp_sum;
     /* four queries at a time (NULL: one at a time): the same bits per query */
     void (*dot4)(const float *const q[4], const uint16_t *k, int n, float out[4]);
     void (*axpy4_rows)(float *const o[4], const float *const p[4], const uint16_t *v, int64_t stride, int nk,
@@ -64,8 +74,8 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint16_t 
 /* One item: queries q0 .. q1-1 in (KV head, row, head of the group) order, so an item holds a few rows of
  * one KV head (verify blocks, prompt chunks) or the one row of several adjacent KV heads (a step: their key
  * rows lie side by side in the cache). Each query gets the same operations in the same order as on its own
- * (scores in key order, the max, exp and sum in key order, then o += p v in key order): only the loops are
- * interchanged, so its bits never depend on which queries share its item, on T or on the thread count. */
+ * (scores in key order, the max, exp and sum in one fixed order, then o += p v in key order): only the loops
+ * are interchanged, so its bits never depend on which queries share its item, on T or on the thread count. */
 static void attention_item(const attention_job *job, int q0, int q1, float *sc0, int64_t stride) {
     const fm_attention_args *a = job->a;
     const int hd = a->head_dim, kv_dim = a->n_kv_heads * hd, q_dim = a->n_heads * hd, nq = q1 - q0;
@@ -117,14 +127,10 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
         }
     }
     for (int i = 0; i < nq; i++) {
-        float mx = -INFINITY, sum = 0;
+        float mx = -INFINITY;
         for (int j = 0; j < len[i]; j++)
             if (sc[i][j] > mx) mx = sc[i][j];
-        for (int j = 0; j < len[i]; j++) {
-            sc[i][j] = expf(sc[i][j] - mx);
-            sum += sc[i][j];
-        }
-        inv[i] = 1.0f / sum;
+        inv[i] = 1.0f / job->exp_sum(sc[i], len[i], mx);
         for (int d = 0; d < hd; d++) op[i][d] = 0;
     }
     /* o += p v in key order for each query, blocked like the scores */
@@ -184,6 +190,7 @@ void fm_attention(fm_pool *pool, const fm_attention_args *a) {
     attention_job job = {a,
                          fast ? fm_attn_dot_f16_avx2 : dot_f16_scalar,
                          fast ? fm_attn_axpy_f16_avx2 : axpy_f16_scalar,
+                         fast ? fm_attn_exp_sum_avx2 : exp_sum_scalar,
                          four ? fm_attn_dot4_f16_avx2 : NULL,
                          four ? fm_attn_axpy4_rows_f16_avx2 : NULL,
                          qpi};

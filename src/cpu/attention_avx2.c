@@ -2,6 +2,7 @@
  * times one value row) with F16C conversion and FMA, 8 lanes at a time. Called only when fm_cpu_isa() >=
  * AVX2. */
 #include <immintrin.h>
+#include <string.h>
 
 #include "cpu/attention_kernels.h"
 
@@ -90,4 +91,46 @@ void fm_attn_axpy4_rows_f16_avx2(float *const o[4], const float *const p[4], con
         _mm256_storeu_ps(o1 + 8, b1), _mm256_storeu_ps(o2, a2), _mm256_storeu_ps(o2 + 8, b2);
         _mm256_storeu_ps(o3, a3), _mm256_storeu_ps(o3 + 8, b3);
     }
+}
+
+/* e^x for x <= 0, 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-7 polynomial (Cephes' expf
+ * coefficients), times 2^n built in the exponent bits; x below -87.3 gives e^-87.3 (~1e-38, a softmax weight
+ * of nothing). Within 2 ulp of expf. */
+static inline __m256 exp_nonpos(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+float fm_attn_exp_sum_avx2(float *s, int n, float mx) {
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256 acc = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+        _mm256_storeu_ps(s + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    if (j < n) { /* the last 1..7 through the same lanes, zero-padded (e^-87.3 is dropped, not summed) */
+        float t[8] = {0};
+        memcpy(t, s + j, sizeof(float) * (size_t)(n - j));
+        const __m256 keep =
+            _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps((float)(n - j)), _CMP_LT_OQ);
+        const __m256 e = _mm256_and_ps(keep, exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(t), m)));
+        _mm256_storeu_ps(t, e);
+        memcpy(s + j, t, sizeof(float) * (size_t)(n - j));
+        acc = _mm256_add_ps(acc, e);
+    }
+    return reduce2(acc, _mm256_setzero_ps());
 }

@@ -9,9 +9,12 @@
 typedef float (*fm_attn_dot_fn)(const float *q, const uint16_t *k, int n);
 /* o[i] += p * f32(v[i]) */
 typedef void (*fm_attn_axpy_fn)(float *o, float p, const uint16_t *v, int n);
+/* s[j] = e^(s[j] - mx) for j < n (mx >= every s[j]); returns their sum (each level in its own fixed order) */
+typedef float (*fm_attn_exp_sum_fn)(float *s, int n, float mx);
 
 float fm_attn_dot_f16_avx2(const float *q, const uint16_t *k, int n);
 void fm_attn_axpy_f16_avx2(float *o, float p, const uint16_t *v, int n);
+float fm_attn_exp_sum_avx2(float *s, int n, float mx);
 /* Four queries against one key row, and nk value rows (v + j * stride, in order, weights p[u][j]) into four
  * outputs, with each query's operations those of the one-query kernels above (the same bits), each row
  * loaded and converted once; the value rows j < npf also prefetch row j + ahead. n % 16 == 0. */
