@@ -48,7 +48,8 @@ typedef struct {
     fm_attn_axpy_fn axpy;
     fm_attn_exp_sum_fn exp_sum;
     /* four queries at a time (NULL: one at a time): the same bits per query */
-    void (*dot4)(const float *const q[4], const uint16_t *k, int n, float out[4]);
+    void (*dot4_rows)(const float *const q[4], const uint16_t *k, int64_t stride, int nk, int n, float scale,
+                      float *const out[4], int npf, int ahead);
     void (*axpy4_rows)(float *const o[4], const float *const p[4], const uint16_t *v, int64_t stride, int nk,
                        int n, int npf, int ahead);
     int qpi; /* queries (row, head) per work item */
@@ -69,6 +70,14 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint16_t 
     if (j + KEY_BLOCK >= n) return;
     row += (int64_t)KEY_BLOCK * kv_dim;
     for (int off = 0; off < width; off += 32) __builtin_prefetch(row + off, 0, 3);
+}
+
+/* The rows j .. e (returned) of a block that four queries share, e = end if it is past j; *npf of them, those
+ * below nmax - KEY_BLOCK, prefetch the next block's row. */
+static inline int four_rows(int j, int end, int nmax, int *npf) {
+    const int e = end > j ? end : j, pe = nmax - KEY_BLOCK < e ? nmax - KEY_BLOCK : e;
+    *npf = pe > j ? pe - j : 0;
+    return e;
 }
 
 /* One item: queries q0 .. q1-1 in (KV head, row, head of the group) order, so an item holds a few rows of
@@ -97,9 +106,8 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
     const uint16_t *kb = a->k_cache + (int64_t)kvh[0] * hd, *vb = a->v_cache + (int64_t)kvh[0] * hd;
     /* Four queries at a time share a key row while they have the same KV head and all attend to the key
      * (within a KV head, later rows are longer); the others one at a time. */
-#define FOUR(i)                                                                                              \
-    (job->dot4 && (i) + 4 <= nq && kvh[i] == kvh[(i) + 3]) /* dot4 and axpy4_rows come together              \
-                                                            */
+/* dot4_rows and axpy4_rows come together */
+#define FOUR(i) (job->dot4_rows && (i) + 4 <= nq && kvh[i] == kvh[(i) + 3])
 #define END(i) (len[i] < jb ? len[i] : jb)
     for (int j0 = 0; j0 < nmax; j0 += KEY_BLOCK) {
         const int jb = j0 + KEY_BLOCK < nmax ? j0 + KEY_BLOCK : nmax;
@@ -107,12 +115,11 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
             const uint16_t *k = kb + (int64_t)(kvh[i] - kvh[0]) * hd;
             int j = j0;
             if (FOUR(i)) {
-                for (; j < END(i); j++) {
-                    float r[4];
-                    prefetch_ahead(k + (int64_t)j * kv_dim, j, nmax, kv_dim, hd);
-                    job->dot4(qp + i, k + (int64_t)j * kv_dim, hd, r);
-                    for (int u = 0; u < 4; u++) sc[i + u][j] = r[u] * scale;
-                }
+                int npf;
+                const int e = four_rows(j, END(i), nmax, &npf);
+                float *const so[4] = {sc[i] + j, sc[i + 1] + j, sc[i + 2] + j, sc[i + 3] + j};
+                job->dot4_rows(qp + i, k + (int64_t)j * kv_dim, kv_dim, e - j, hd, scale, so, npf, KEY_BLOCK);
+                j = e;
                 for (int u = 0; u < 4; u++)
                     for (int jj = j; jj < END(i + u); jj++)
                         sc[i + u][jj] = job->dot(qp[i + u], k + (int64_t)jj * kv_dim, hd) * scale;
@@ -140,9 +147,8 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
             const uint16_t *v = vb + (int64_t)(kvh[i] - kvh[0]) * hd;
             int j = j0;
             if (FOUR(i)) {
-                /* rows j .. e of this block; those below nmax - KEY_BLOCK prefetch the next block's */
-                const int e = END(i) > j ? END(i) : j, pe = nmax - KEY_BLOCK < e ? nmax - KEY_BLOCK : e;
-                const int nk = e - j, npf = pe > j ? pe - j : 0;
+                int npf;
+                const int e = four_rows(j, END(i), nmax, &npf), nk = e - j;
                 float w[4][KEY_BLOCK];
                 for (int u = 0; u < 4; u++)
                     for (int jj = 0; jj < nk; jj++) w[u][jj] = sc[i + u][j + jj] * inv[i + u];
@@ -191,7 +197,7 @@ void fm_attention(fm_pool *pool, const fm_attention_args *a) {
                          fast ? fm_attn_dot_f16_avx2 : dot_f16_scalar,
                          fast ? fm_attn_axpy_f16_avx2 : axpy_f16_scalar,
                          fast ? fm_attn_exp_sum_avx2 : exp_sum_scalar,
-                         four ? fm_attn_dot4_f16_avx2 : NULL,
+                         four ? fm_attn_dot4_rows_f16_avx2 : NULL,
                          four ? fm_attn_axpy4_rows_f16_avx2 : NULL,
                          qpi};
     fm_pool_for(pool, (nq + qpi - 1) / qpi, 1, attention_items, &job);

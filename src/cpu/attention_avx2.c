@@ -42,23 +42,35 @@ void fm_attn_axpy_f16_avx2(float *o, float p, const uint16_t *v, int n) {
     for (; i < n; i++) o[i] += p * _cvtsh_ss(v[i]);
 }
 
-/* Named accumulators, not arrays: GCC kept an array of them on the stack. */
-void fm_attn_dot4_f16_avx2(const float *const q[4], const uint16_t *k, int n, float out[4]) {
+/* Four queries against nk key rows (k + j * stride, in key order): out[u][j] = (q_u . k_j) * scale, each dot
+ * product with fm_attn_dot_f16_avx2's operations (the same bits), the row loaded and converted once for the
+ * four; rows j < npf also prefetch row j + ahead (the next block). In one call, so that the rows' work
+ * overlaps, where a call per row waited on each row's reductions. Named accumulators, not arrays: GCC kept
+ * an array of them on the stack. */
+void fm_attn_dot4_rows_f16_avx2(const float *const q[4], const uint16_t *k, int64_t stride, int nk, int n,
+                                float scale, float *const out[4], int npf, int ahead) {
     const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
-    __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
-    for (int i = 0; i < n; i += 16) {
-        const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
-        const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8)));
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), k0, a0);
-        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i + 8), k1, b0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), k0, a1);
-        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i + 8), k1, b1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), k0, a2);
-        b2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i + 8), k1, b2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), k0, a3);
-        b3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i + 8), k1, b3);
+    float *o0 = out[0], *o1 = out[1], *o2 = out[2], *o3 = out[3];
+    for (int j = 0; j < nk; j++, k += stride) {
+        if (j < npf)
+            for (int off = 0; off < n; off += 32)
+                _mm_prefetch((const char *)(k + (int64_t)ahead * stride + off), _MM_HINT_T0);
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
+        for (int i = 0; i < n; i += 16) {
+            const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+            const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8)));
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), k0, a0);
+            b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i + 8), k1, b0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), k0, a1);
+            b1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i + 8), k1, b1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), k0, a2);
+            b2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i + 8), k1, b2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), k0, a3);
+            b3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i + 8), k1, b3);
+        }
+        o0[j] = reduce2(a0, b0) * scale, o1[j] = reduce2(a1, b1) * scale;
+        o2[j] = reduce2(a2, b2) * scale, o3[j] = reduce2(a3, b3) * scale;
     }
-    out[0] = reduce2(a0, b0), out[1] = reduce2(a1, b1), out[2] = reduce2(a2, b2), out[3] = reduce2(a3, b3);
 }
 
 /* nk value rows (v + j * stride, in key order) into four outputs, the outputs held in registers 16
