@@ -33,7 +33,8 @@ TMP = tempfile.TemporaryDirectory(prefix="fm-serve-")
 TARGET = os.path.join(TMP.name, "t.gguf")
 # Requests that must still be running when a client leaves or a signal comes: as many new tokens as a server
 # with LONG_CTX positions takes, so that no machine finishes them in the second or so the tests wait (the tiny
-# model decodes ~2,000 tokens/s here).
+# model decodes ~2,000-3,500 tokens/s here), past the random model's stop tokens (ignore_eos: one of them came
+# after 3,077 tokens, 0.9 s, once the CPU attention's softmax changed).
 LONG_CTX = 32768
 LONG_TOKENS = LONG_CTX - 100
 DRAFTER = os.path.join(TMP.name, "d")
@@ -379,6 +380,7 @@ COMPLETION_ERRORS = [
     ({"prompt": "x", "max_tokens": 0}, 400, ["'max_tokens' must be from 1"], "max_tokens"),
     ({"prompt": "x", "max_tokens": 1.5}, 400, ["'max_tokens' must be a whole number"], "max_tokens"),
     ({"prompt": "x", "stream": "yes"}, 400, ["'stream' must be true or false"], "stream"),
+    ({"prompt": "x", "ignore_eos": 1}, 400, ["'ignore_eos' must be true or false"], "ignore_eos"),
     ({"prompt": "x", "stop": 5}, 400, ["'stop' must be a string or an array"], "stop"),
     ({"prompt": "x", "stop": [""]}, 400, ["stop[0]"], "stop"),
     ({"prompt": "x", "stop": ["a"] * 17}, 400, ["at most 16"], "stop"),
@@ -438,7 +440,7 @@ def test_request_errors(s):
                 check_error(status, raw, want, words, param, "%s stream %r" % (path, body))
     # greedy settings are accepted, as are unknown fields and nulls
     ok = {"prompt": "Hi", "max_tokens": 3, "temperature": 0, "top_p": 1, "n": 1, "seed": 7, "logprobs": None,
-          "top_k": -1, "stop": None, "user": "u", "some_extension": {"x": 1}}
+          "top_k": -1, "stop": None, "user": "u", "some_extension": {"x": 1}, "ignore_eos": False}
     status, r = s.post("/v1/completions", ok)
     check(status == 200 and r["usage"]["completion_tokens"] == 3, "greedy settings accepted: %r" % r)
 
@@ -520,7 +522,8 @@ def wait_log(s, since, words, timeout=20):
 def test_clients_that_leave(s):
     """A client that leaves cancels its job: running (stream or not) or queued. LONG_TOKENS take seconds."""
     s = Server(["--ctx", str(LONG_CTX)])
-    long_chat = {"messages": [{"role": "user", "content": "Tell me everything"}], "max_tokens": LONG_TOKENS}
+    long_chat = {"messages": [{"role": "user", "content": "Tell me everything"}], "max_tokens": LONG_TOKENS,
+                 "ignore_eos": True}
     # a stream, after its first event
     n_before = len(s.lines)
     c = s.conn()
@@ -530,7 +533,8 @@ def test_clients_that_leave(s):
     check(r.readline().startswith(b"data: "), "a first event")
     # meanwhile a second request queues behind it, and leaves too
     q = s.conn(timeout=0.5)
-    q.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": LONG_TOKENS}))
+    q.request("POST", "/v1/completions",
+              body=json.dumps({"prompt": "Hi", "max_tokens": LONG_TOKENS, "ignore_eos": True}))
     try:
         q.getresponse()
         raise AssertionError("the queued request was answered while the stream ran")
@@ -589,7 +593,7 @@ def test_signals_stop_cleanly(_):
             try:
                 c = s.conn()
                 c.request("POST", "/v1/completions", body=json.dumps(
-                    {"prompt": "Once upon a time", "max_tokens": LONG_TOKENS, "stream": True}))
+                    {"prompt": "Once upon a time", "max_tokens": LONG_TOKENS, "stream": True, "ignore_eos": True}))
                 r = c.getresponse()
                 results["stream_status"] = r.status
                 results["stream_first"] = r.readline()

@@ -284,7 +284,9 @@ static int parse_fields(const cJSON *o, serve_request *r, serve_error *err) {
         return -1;
     if (!present && get_int(o, "max_tokens", 1, 1L << 30, &max_tokens, &present, err)) return -1;
     r->max_tokens = (int)max_tokens;
-    if (get_bool(o, "stream", &r->stream, err) || parse_stop(o, r, err)) return -1;
+    if (get_bool(o, "stream", &r->stream, err) || get_bool(o, "ignore_eos", &r->ignore_eos, err) ||
+        parse_stop(o, r, err))
+        return -1;
     const cJSON *so = field(o, "stream_options");
     if (so && !cJSON_IsObject(so)) return bad_type(err, "stream_options", "an object", so);
     if (so && get_bool(so, "include_usage", &r->include_usage, err)) {

@@ -19,6 +19,7 @@ typedef struct {
     int n_stop;
     int stream;
     int include_usage; /* stream_options.include_usage */
+    int ignore_eos;    /* run past the model's stop tokens (llama.cpp's server field; benchmarks, tests) */
 } serve_request;
 
 /* 0, or -1 with a 400 error naming the field (err). On success free r with serve_request_free. */

@@ -378,6 +378,7 @@ static void run_job(serve_worker *w, serve_job *j) {
     fm_generate_params gp;
     fm_generate_params_init(&gp);
     gp.max_new_tokens = j->req.max_tokens;
+    gp.ignore_stop = j->req.ignore_eos;
     gp.speculative = w->p.speculative;
     gp.verify = w->p.verify;
     gp.fallback = w->p.fallback;
