@@ -92,7 +92,7 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
     const float scale = 1.0f / sqrtf((float)hd);
     int len[FM_ATTN_ITEM_QUERIES], kvh[FM_ATTN_ITEM_QUERIES], nmax = 0;
     const float *qp[FM_ATTN_ITEM_QUERIES];
-    float *sc[FM_ATTN_ITEM_QUERIES], *op[FM_ATTN_ITEM_QUERIES], inv[FM_ATTN_ITEM_QUERIES];
+    float *sc[FM_ATTN_ITEM_QUERIES], *op[FM_ATTN_ITEM_QUERIES];
     for (int i = 0; i < nq; i++) { /* causal: row t attends to keys 0 .. pos0+t */
         const int q = q0 + i, t = q % per_kv / G;
         kvh[i] = q / per_kv;
@@ -105,8 +105,8 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
     }
     const uint16_t *kb = a->k_cache + (int64_t)kvh[0] * hd, *vb = a->v_cache + (int64_t)kvh[0] * hd;
     /* Four queries at a time share a key row while they have the same KV head and all attend to the key
-     * (within a KV head, later rows are longer); the others one at a time. */
-/* dot4_rows and axpy4_rows come together */
+     * (within a KV head, later rows are longer); the others one at a time. dot4_rows and axpy4_rows come
+     * together. */
 #define FOUR(i) (job->dot4_rows && (i) + 4 <= nq && kvh[i] == kvh[(i) + 3])
 #define END(i) (len[i] < jb ? len[i] : jb)
     for (int j0 = 0; j0 < nmax; j0 += KEY_BLOCK) {
@@ -137,7 +137,9 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
         float mx = -INFINITY;
         for (int j = 0; j < len[i]; j++)
             if (sc[i][j] > mx) mx = sc[i][j];
-        inv[i] = 1.0f / job->exp_sum(sc[i], len[i], mx);
+        /* normalised in place, once: the value passes below take the probabilities as they are */
+        const float inv = 1.0f / job->exp_sum(sc[i], len[i], mx);
+        for (int j = 0; j < len[i]; j++) sc[i][j] *= inv;
         for (int d = 0; d < hd; d++) op[i][d] = 0;
     }
     /* o += p v in key order for each query, blocked like the scores */
@@ -148,21 +150,18 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
             int j = j0;
             if (FOUR(i)) {
                 int npf;
-                const int e = four_rows(j, END(i), nmax, &npf), nk = e - j;
-                float w[4][KEY_BLOCK];
-                for (int u = 0; u < 4; u++)
-                    for (int jj = 0; jj < nk; jj++) w[u][jj] = sc[i + u][j + jj] * inv[i + u];
-                const float *const wp[4] = {w[0], w[1], w[2], w[3]};
-                job->axpy4_rows(op + i, wp, v + (int64_t)j * kv_dim, kv_dim, nk, hd, npf, KEY_BLOCK);
+                const int e = four_rows(j, END(i), nmax, &npf);
+                const float *const p[4] = {sc[i] + j, sc[i + 1] + j, sc[i + 2] + j, sc[i + 3] + j};
+                job->axpy4_rows(op + i, p, v + (int64_t)j * kv_dim, kv_dim, e - j, hd, npf, KEY_BLOCK);
                 j = e;
                 for (int u = 0; u < 4; u++)
                     for (int jj = j; jj < END(i + u); jj++)
-                        job->axpy(op[i + u], sc[i + u][jj] * inv[i + u], v + (int64_t)jj * kv_dim, hd);
+                        job->axpy(op[i + u], sc[i + u][jj], v + (int64_t)jj * kv_dim, hd);
                 i += 4;
             } else {
                 for (; j < END(i); j++) {
                     prefetch_ahead(v + (int64_t)j * kv_dim, j, nmax, kv_dim, hd);
-                    job->axpy(op[i], sc[i][j] * inv[i], v + (int64_t)j * kv_dim, hd);
+                    job->axpy(op[i], sc[i][j], v + (int64_t)j * kv_dim, hd);
                 }
                 i++;
             }
