@@ -544,10 +544,10 @@ extern "C" int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d,
 }
 
 /* The attention form for a forward or draft whose longest row attends to n positions: the long-context
- * form from ATT_LONG_FROM (fmc_attention_q8; on the H200 it measured 4 % slower steps at 512 positions and
- * 21 % faster at 16k; the crossing, from those two points, near 1.2k). Both forms give the same bits, so
- * where a decode switches changes no token. */
-enum { ATT_LONG_FROM = 2048 };
+ * form past ATT_LONG_FROM (fmc_attention_q8). On the H200 (plain steps, both forms in one device call, three
+ * rounds) the short form was 2.2 % faster at 640 and 768 positions, equal at 896, 1.8 % slower at 1024 and
+ * 3.5 % at 1536, 21 % at 16k. Both forms give the same bits, so where a decode switches changes no token. */
+enum { ATT_LONG_FROM = 960 };
 static int att_form_at(int n) {
     return n > ATT_LONG_FROM ? FMC_ATT_LONG : FMC_ATT_SHORT;
 }
