@@ -18,6 +18,10 @@ typedef struct {
     const float *q; /* [T][n_heads*head_dim] */
     float *out;     /* [T][n_heads*head_dim] */
     float *scratch; /* [fm_pool_size][FM_ATTN_ITEM_QUERIES][n_keys > 0 ? n_keys : pos0+T] scores per worker */
+    /* The caches' layout, in elements: from one position's row to the next (0: n_kv_heads * head_dim) and
+     * from one KV head to the next (0: head_dim), so [n_ctx][n_kv_heads][head_dim] by default;
+     * [n_kv_heads][n_ctx] [head_dim] is row_stride = head_dim, head_stride = n_ctx * head_dim. */
+    int64_t row_stride, head_stride;
 } fm_attention_args;
 
 /* Queries (row, head) one work item of fm_attention takes at most: the scratch holds that many score rows

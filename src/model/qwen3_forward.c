@@ -21,8 +21,11 @@ struct qwen3_state {
     int n_ctx, max_batch, pos;
     int n_capture, *capture_layer_slot; /* [n_layers]: capture slot of a layer, or -1 */
     int kv_dim, feature_dim;            /* feature_dim: the model's dim */
-    uint16_t *k_cache, *v_cache;        /* [n_layers][n_ctx][kv_dim] f16 */
-    float *rope;                        /* [n_ctx][head_dim/2][2] (cos, sin) */
+    /* [n_layers][n_kv_heads][n_ctx][head_dim] f16: each KV head's rows one contiguous stream, which the
+     * attention reads faster than rows of all heads side by side (16k positions: 7.4-8.2 -> 6.8 ms a layer)
+     */
+    uint16_t *k_cache, *v_cache;
+    float *rope; /* [n_ctx][head_dim/2][2] (cos, sin) */
     /* activations for up to max_batch rows */
     float *x;      /* [B][dim] residual stream */
     float *h;      /* [B][dim] normed input */
@@ -166,6 +169,7 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
     const fm_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv};
     float *const qkv_out[3] = {s->q, s->k, s->v};
     fm_matmul_multi(pool, qkv, 3, s->h, T, qkv_out);
+    const size_t head_stride = (size_t)s->n_ctx * hd;
     uint16_t *kc = s->k_cache + (size_t)l * s->n_ctx * kv_dim,
              *vc = s->v_cache + (size_t)l * s->n_ctx * kv_dim;
     for (int t = 0; t < T; t++) {
@@ -174,9 +178,13 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
         head_norm_rope(s->q + (int64_t)t * q_dim, hp->n_heads, hd, L->q_norm, hp->rms_eps, rope_row);
         float *k = s->k + (int64_t)t * kv_dim, *v = s->v + (int64_t)t * kv_dim;
         head_norm_rope(k, hp->n_kv_heads, hd, L->k_norm, hp->rms_eps, rope_row);
-        for (int i = 0; i < kv_dim; i++) {
-            kc[(size_t)pos * kv_dim + i] = fm_f32_to_f16(k[i]);
-            vc[(size_t)pos * kv_dim + i] = fm_f32_to_f16(v[i]);
+        for (int h = 0; h < hp->n_kv_heads; h++) {
+            uint16_t *kr = kc + h * head_stride + (size_t)pos * hd,
+                     *vr = vc + h * head_stride + (size_t)pos * hd;
+            for (int i = 0; i < hd; i++) {
+                kr[i] = fm_f32_to_f16(k[h * hd + i]);
+                vr[i] = fm_f32_to_f16(v[h * hd + i]);
+            }
         }
     }
     fm_attention_args a = {
@@ -190,6 +198,8 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
         .q = s->q,
         .out = s->att,
         .scratch = s->scores,
+        .row_stride = hd,
+        .head_stride = (int64_t)head_stride,
     };
     fm_attention(pool, &a);
     fm_matmul(pool, &L->wo, s->att, T, s->h, NULL); /* h reused as the projection output */
