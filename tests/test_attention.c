@@ -20,11 +20,11 @@ static float uniform(uint64_t *s) { /* [-1, 1) */
 }
 
 /* fm_attention on `threads` workers; rows t0 .. t0+T-1 of q / out (row t at position pos0 + t). */
+/* keys: rows of the caches, laid out [keys][n_kv][hd], or [n_kv][keys][hd] with per_head. */
 static void run(int threads, int T, int t0, int n_heads, int n_kv, int hd, const uint16_t *k,
-                const uint16_t *v, int pos0, int n_keys, const float *q, float *out) {
+                const uint16_t *v, int pos0, int n_keys, const float *q, float *out, int per_head, int keys) {
     fm_pool *pool = fm_pool_create(threads);
-    const int64_t keys = n_keys > 0 ? n_keys : pos0 + t0 + T;
-    float *scratch = malloc(sizeof(float) * (size_t)threads * FM_ATTN_ITEM_QUERIES * keys);
+    float *scratch = malloc(sizeof(float) * fm_attention_scratch_floats(threads));
     const int W = n_heads * hd;
     fm_attention_args a = {.n_heads = n_heads,
                            .n_kv_heads = n_kv,
@@ -36,7 +36,9 @@ static void run(int threads, int T, int t0, int n_heads, int n_kv, int hd, const
                            .T = T,
                            .q = q + (size_t)t0 * W,
                            .out = out + (size_t)t0 * W,
-                           .scratch = scratch};
+                           .scratch = scratch,
+                           .row_stride = per_head ? hd : 0,
+                           .head_stride = per_head ? (int64_t)keys * hd : 0};
     fm_attention(pool, &a);
     free(scratch);
     fm_pool_free(pool);
@@ -47,19 +49,26 @@ static void check(int T, int n_heads, int n_kv, int hd, int pos0, int n_keys, ui
     uint64_t s = seed;
     float *q = malloc(sizeof(float) * (size_t)T * W), *ref = malloc(sizeof(float) * (size_t)T * W);
     float *y2 = malloc(sizeof(float) * (size_t)T * W), *y1 = malloc(sizeof(float) * (size_t)T * W);
-    float *y3 = malloc(sizeof(float) * (size_t)T * W);
+    float *y3 = malloc(sizeof(float) * (size_t)T * W), *y4 = malloc(sizeof(float) * (size_t)T * W);
     uint16_t *k = malloc(2 * (size_t)keys * KW), *v = malloc(2 * (size_t)keys * KW);
+    uint16_t *kh = malloc(2 * (size_t)keys * KW), *vh = malloc(2 * (size_t)keys * KW);
     for (size_t i = 0; i < (size_t)T * W; i++) q[i] = 2.0f * uniform(&s);
     for (size_t i = 0; i < (size_t)keys * KW; i++)
         k[i] = fm_f32_to_f16(uniform(&s)), v[i] = fm_f32_to_f16(uniform(&s));
+    for (int j = 0; j < keys; j++) /* the same caches with each KV head's rows contiguous */
+        for (int h = 0; h < n_kv; h++) {
+            memcpy(kh + ((size_t)h * keys + j) * hd, k + (size_t)j * KW + (size_t)h * hd, 2 * (size_t)hd);
+            memcpy(vh + ((size_t)h * keys + j) * hd, v + (size_t)j * KW + (size_t)h * hd, 2 * (size_t)hd);
+        }
     double num = 0, den = 0;
     attention_ref(q, T, n_heads, n_kv, hd, k, v, pos0, n_keys, ref);
     for (int isa = FM_ISA_SCALAR; isa <= (int)fm_cpu_isa_best(); isa++) {
         fm_cpu_set_isa((fm_isa)isa);
-        run(2, T, 0, n_heads, n_kv, hd, k, v, pos0, n_keys, q, y2);
-        run(64, T, 0, n_heads, n_kv, hd, k, v, pos0, n_keys, q, y3); /* fewer queries an item */
+        run(2, T, 0, n_heads, n_kv, hd, k, v, pos0, n_keys, q, y2, 0, keys);
+        run(64, T, 0, n_heads, n_kv, hd, k, v, pos0, n_keys, q, y3, 0, keys); /* fewer queries an item */
+        run(3, T, 0, n_heads, n_kv, hd, kh, vh, pos0, n_keys, q, y4, 1, keys);
         for (int t = 0; t < T; t++) /* one row at a time, one worker: every query its own item */
-            run(1, 1, t, n_heads, n_kv, hd, k, v, pos0, n_keys > 0 ? n_keys : 0, q, y1);
+            run(1, 1, t, n_heads, n_kv, hd, k, v, pos0, n_keys > 0 ? n_keys : 0, q, y1, 0, keys);
         num = den = 0;
         for (size_t i = 0; i < (size_t)T * W; i++)
             num += ((double)y2[i] - ref[i]) * ((double)y2[i] - ref[i]), den += (double)ref[i] * ref[i];
@@ -68,11 +77,14 @@ static void check(int T, int n_heads, int n_kv, int hd, int pos0, int n_keys, ui
                   n_heads, n_kv, hd, pos0, n_keys, isa, e);
         CHECK_MSG(!memcmp(y2, y3, sizeof(float) * (size_t)T * W),
                   "T=%d heads %d/%d isa %d: 2 and 64 workers give the same bits", T, n_heads, n_kv, isa);
+        CHECK_MSG(!memcmp(y2, y4, sizeof(float) * (size_t)T * W),
+                  "T=%d heads %d/%d isa %d: caches per KV head, 3 workers: the same bits", T, n_heads, n_kv,
+                  isa);
         CHECK_MSG(!memcmp(y2, y1, sizeof(float) * (size_t)T * W),
                   "T=%d heads %d/%d isa %d: rows == 1-row launches bit for bit", T, n_heads, n_kv, isa);
     }
     fm_cpu_set_isa(fm_cpu_isa_best());
-    free(q), free(ref), free(y1), free(y2), free(y3), free(k), free(v);
+    free(q), free(ref), free(y1), free(y2), free(y3), free(y4), free(k), free(v), free(kh), free(vh);
 }
 
 /* The AVX2 softmax exponentials against exp in double: every element within 3e-7 relative (2.5 ulp) down to
@@ -109,5 +121,6 @@ int main(void) {
     check(16, 16, 16, 64, 0, 300, 5); /* the drafter's cross-attention: no mask, all rows of one head share */
     check(1, 32, 8, 128, 2100, 0, 6); /* a step over 33 key blocks, the last one partial */
     check(17, 32, 8, 128, 1010, 0, 7); /* a verify block whose rows end in two different key blocks */
+    check(64, 32, 8, 128, 300, 0, 8);  /* a prompt chunk: items of 128 queries, 16 rows of a KV head */
     return fm_test_report("test_attention");
 }

@@ -81,12 +81,14 @@ static inline int four_rows(int j, int end, int nmax, int *npf) {
     return e;
 }
 
-/* One item: queries q0 .. q1-1 in (KV head, row, head of the group) order, so an item holds a few rows of
- * one KV head (verify blocks, prompt chunks) or the one row of several adjacent KV heads (a step: their key
- * rows lie side by side in the cache). Each query gets the same operations in the same order as on its own
- * (scores in key order, the max, exp and sum in one fixed order, then o += p v in key order): only the loops
- * are interchanged, so its bits never depend on which queries share its item, on T or on the thread count. */
-static void attention_item(const attention_job *job, int q0, int q1, float *sc0, int64_t stride) {
+/* One item: queries q0 .. q1-1 in (KV head, row, head of the group) order, so an item holds rows of one or
+ * two KV heads (verify blocks, prompt chunks) or the one row of several adjacent KV heads (a step). The keys
+ * go by blocks of KEY_BLOCK rows, each block's key and value rows read from memory once for all the item's
+ * queries and reused from L1 (four queries at a time), with the softmax taken online: per query a running
+ * max m and sum l, the output rescaled by e^(m_old - m_new) when a block raises the max, divided by l at the
+ * end. Each query gets the same operations in the same order whatever shares its item (scores in key order,
+ * blocks at the same key offsets, its own causal end), so its bits never depend on T or the thread count. */
+static void attention_item(const attention_job *job, int q0, int q1, float *sc0) {
     const fm_attention_args *a = job->a;
     const int hd = a->head_dim, q_dim = a->n_heads * hd, nq = q1 - q0;
     /* kv_dim: elements from one key row to the next; hs: from one KV head to the next */
@@ -96,7 +98,8 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
     const float scale = 1.0f / sqrtf((float)hd);
     int len[FM_ATTN_ITEM_QUERIES], kvh[FM_ATTN_ITEM_QUERIES], nmax = 0;
     const float *qp[FM_ATTN_ITEM_QUERIES];
-    float *sc[FM_ATTN_ITEM_QUERIES], *op[FM_ATTN_ITEM_QUERIES];
+    float *sc[FM_ATTN_ITEM_QUERIES], *op[FM_ATTN_ITEM_QUERIES], mx[FM_ATTN_ITEM_QUERIES],
+        sum[FM_ATTN_ITEM_QUERIES];
     for (int i = 0; i < nq; i++) { /* causal: row t attends to keys 0 .. pos0+t */
         const int q = q0 + i, t = q % per_kv / G;
         kvh[i] = q / per_kv;
@@ -105,67 +108,79 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
         if (len[i] > nmax) nmax = len[i];
         qp[i] = a->q + (int64_t)t * q_dim + (int64_t)h * hd;
         op[i] = a->out + (int64_t)t * q_dim + (int64_t)h * hd;
-        sc[i] = sc0 + i * stride;
+        sc[i] = sc0 + i * KEY_BLOCK;
+        mx[i] = -INFINITY, sum[i] = 0;
+        for (int d = 0; d < hd; d++) op[i][d] = 0;
     }
     const uint16_t *kb = a->k_cache + kvh[0] * hs, *vb = a->v_cache + kvh[0] * hs;
     /* Four queries at a time share a key row while they have the same KV head and all attend to the key
      * (within a KV head, later rows are longer); the others one at a time. dot4_rows and axpy4_rows come
-     * together. */
+     * together. The first use of a KV head's block in the item prefetches its next block. */
 #define FOUR(i) (job->dot4_rows && (i) + 4 <= nq && kvh[i] == kvh[(i) + 3])
 #define END(i) (len[i] < jb ? len[i] : jb)
     for (int j0 = 0; j0 < nmax; j0 += KEY_BLOCK) {
         const int jb = j0 + KEY_BLOCK < nmax ? j0 + KEY_BLOCK : nmax;
-        for (int i = 0; i < nq;) {
+        /* scores of the block: sc[i][j - j0] */
+        for (int i = 0, seen = -1; i < nq;) {
             const uint16_t *k = kb + (kvh[i] - kvh[0]) * hs;
+            const int first = kvh[i] != seen;
+            seen = kvh[i];
             int j = j0;
             if (FOUR(i)) {
                 int npf;
                 const int e = four_rows(j, END(i), nmax, &npf);
-                float *const so[4] = {sc[i] + j, sc[i + 1] + j, sc[i + 2] + j, sc[i + 3] + j};
-                job->dot4_rows(qp + i, k + (int64_t)j * kv_dim, kv_dim, e - j, hd, scale, so, npf, KEY_BLOCK);
+                float *const so[4] = {sc[i], sc[i + 1], sc[i + 2], sc[i + 3]};
+                job->dot4_rows(qp + i, k + (int64_t)j * kv_dim, kv_dim, e - j, hd, scale, so, first ? npf : 0,
+                               KEY_BLOCK);
                 j = e;
                 for (int u = 0; u < 4; u++)
                     for (int jj = j; jj < END(i + u); jj++)
-                        sc[i + u][jj] = job->dot(qp[i + u], k + (int64_t)jj * kv_dim, hd) * scale;
+                        sc[i + u][jj - j0] = job->dot(qp[i + u], k + (int64_t)jj * kv_dim, hd) * scale;
                 i += 4;
             } else {
                 for (; j < END(i); j++) {
-                    prefetch_ahead(k + (int64_t)j * kv_dim, j, nmax, kv_dim, hd);
-                    sc[i][j] = job->dot(qp[i], k + (int64_t)j * kv_dim, hd) * scale;
+                    if (first) prefetch_ahead(k + (int64_t)j * kv_dim, j, nmax, kv_dim, hd);
+                    sc[i][j - j0] = job->dot(qp[i], k + (int64_t)j * kv_dim, hd) * scale;
                 }
                 i++;
             }
         }
-    }
-    for (int i = 0; i < nq; i++) {
-        float mx = -INFINITY;
-        for (int j = 0; j < len[i]; j++)
-            if (sc[i][j] > mx) mx = sc[i][j];
-        /* normalised in place, once: the value passes below take the probabilities as they are */
-        const float inv = 1.0f / job->exp_sum(sc[i], len[i], mx);
-        for (int j = 0; j < len[i]; j++) sc[i][j] *= inv;
-        for (int d = 0; d < hd; d++) op[i][d] = 0;
-    }
-    /* o += p v in key order for each query, blocked like the scores */
-    for (int j0 = 0; j0 < nmax; j0 += KEY_BLOCK) {
-        const int jb = j0 + KEY_BLOCK < nmax ? j0 + KEY_BLOCK : nmax;
-        for (int i = 0; i < nq;) {
+        /* the online softmax: sc becomes e^(s - m), the output is rescaled where the max rose */
+        for (int i = 0; i < nq; i++) {
+            const int n = END(i) - j0;
+            if (n <= 0) continue;
+            float m = mx[i];
+            for (int j = 0; j < n; j++)
+                if (sc[i][j] > m) m = sc[i][j];
+            if (m > mx[i] && mx[i] > -INFINITY) {
+                const float r = expf(mx[i] - m);
+                sum[i] *= r;
+                for (int d = 0; d < hd; d++) op[i][d] *= r;
+            }
+            mx[i] = m;
+            sum[i] += job->exp_sum(sc[i], n, m);
+        }
+        /* o += p v in key order for each query */
+        for (int i = 0, seen = -1; i < nq;) {
             const uint16_t *v = vb + (kvh[i] - kvh[0]) * hs;
+            const int first = kvh[i] != seen;
+            seen = kvh[i];
             int j = j0;
             if (FOUR(i)) {
                 int npf;
                 const int e = four_rows(j, END(i), nmax, &npf);
-                const float *const p[4] = {sc[i] + j, sc[i + 1] + j, sc[i + 2] + j, sc[i + 3] + j};
-                job->axpy4_rows(op + i, p, v + (int64_t)j * kv_dim, kv_dim, e - j, hd, npf, KEY_BLOCK);
+                const float *const p[4] = {sc[i], sc[i + 1], sc[i + 2], sc[i + 3]};
+                job->axpy4_rows(op + i, p, v + (int64_t)j * kv_dim, kv_dim, e - j, hd, first ? npf : 0,
+                                KEY_BLOCK);
                 j = e;
                 for (int u = 0; u < 4; u++)
                     for (int jj = j; jj < END(i + u); jj++)
-                        job->axpy(op[i + u], sc[i + u][jj], v + (int64_t)jj * kv_dim, hd);
+                        job->axpy(op[i + u], sc[i + u][jj - j0], v + (int64_t)jj * kv_dim, hd);
                 i += 4;
             } else {
                 for (; j < END(i); j++) {
-                    prefetch_ahead(v + (int64_t)j * kv_dim, j, nmax, kv_dim, hd);
-                    job->axpy(op[i], sc[i][j], v + (int64_t)j * kv_dim, hd);
+                    if (first) prefetch_ahead(v + (int64_t)j * kv_dim, j, nmax, kv_dim, hd);
+                    job->axpy(op[i], sc[i][j - j0], v + (int64_t)j * kv_dim, hd);
                 }
                 i++;
             }
@@ -173,27 +188,41 @@ static void attention_item(const attention_job *job, int q0, int q1, float *sc0,
     }
 #undef FOUR
 #undef END
+    for (int i = 0; i < nq; i++) {
+        const float inv = 1.0f / sum[i];
+        for (int d = 0; d < hd; d++) op[i][d] *= inv;
+    }
 }
 
 static void attention_items(void *ctx, int64_t begin, int64_t end, int thread) {
     const attention_job *job = ctx;
     const fm_attention_args *a = job->a;
     const int nq = a->n_heads * a->T;
-    const int64_t stride = a->n_keys > 0 ? a->n_keys : a->pos0 + a->T;
-    float *sc0 = a->scratch + (int64_t)thread * FM_ATTN_ITEM_QUERIES * stride;
+    float *sc0 = a->scratch + (int64_t)thread * FM_ATTN_ITEM_QUERIES * KEY_BLOCK;
     for (int64_t item = begin; item < end; item++) {
         const int q0 = (int)item * job->qpi;
-        attention_item(job, q0, q0 + job->qpi < nq ? q0 + job->qpi : nq, sc0, stride);
+        attention_item(job, q0, q0 + job->qpi < nq ? q0 + job->qpi : nq, sc0);
     }
+}
+
+size_t fm_attention_scratch_floats(int threads) {
+    return (size_t)(threads > 0 ? threads : 1) * FM_ATTN_ITEM_QUERIES * KEY_BLOCK;
 }
 
 void fm_attention(fm_pool *pool, const fm_attention_args *a) {
     pthread_once(&f16_once, f16_table_init);
     const int fast = fm_cpu_isa() >= FM_ISA_AVX2;
-    /* As many queries per item as keep every thread busy: a KV head's keys are then read once per item
-     * instead of once per query (4x less cache traffic for a Qwen3-4B step, 16x for the drafter's slots). */
-    const int nq = a->n_heads * a->T, threads = fm_pool_size(pool);
-    int qpi = nq / (threads > 0 ? threads : 1);
+    /* Items of whole groups of four queries, as large as keeps every thread busy with two of them (a KV
+     * head's keys are read once per item: 4x less traffic than a query at a time for a Qwen3-4B step, 17x
+     * for a verify block of 17 rows), at most FM_ATTN_ITEM_QUERIES; a step's 32 queries stay at 16 an item
+     * (one per thread: its four KV heads' rows side by side). */
+    const int nq = a->n_heads * a->T, threads = fm_pool_size(pool) > 0 ? fm_pool_size(pool) : 1;
+    int items = a->T == 1 ? threads : 2 * threads;
+    if (items < (nq + FM_ATTN_ITEM_QUERIES - 1) / FM_ATTN_ITEM_QUERIES)
+        items = (nq + FM_ATTN_ITEM_QUERIES - 1) / FM_ATTN_ITEM_QUERIES;
+    items = (items + threads - 1) / threads * threads; /* the same number for every thread */
+    int qpi = (nq + items - 1) / items;
+    qpi = (qpi + 3) / 4 * 4;
     qpi = qpi < 1 ? 1 : qpi > FM_ATTN_ITEM_QUERIES ? FM_ATTN_ITEM_QUERIES : qpi;
     const int four = fast && a->head_dim % 16 == 0;
     attention_job job = {a,

@@ -4,6 +4,7 @@
 #ifndef FM_CPU_ATTENTION_H
 #define FM_CPU_ATTENTION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/threadpool.h"
@@ -17,16 +18,19 @@ typedef struct {
     int T;
     const float *q; /* [T][n_heads*head_dim] */
     float *out;     /* [T][n_heads*head_dim] */
-    float *scratch; /* [fm_pool_size][FM_ATTN_ITEM_QUERIES][n_keys > 0 ? n_keys : pos0+T] scores per worker */
+    float *scratch; /* fm_attention_scratch_floats(fm_pool_size) floats: a block of scores per worker */
     /* The caches' layout, in elements: from one position's row to the next (0: n_kv_heads * head_dim) and
      * from one KV head to the next (0: head_dim), so [n_ctx][n_kv_heads][head_dim] by default;
      * [n_kv_heads][n_ctx] [head_dim] is row_stride = head_dim, head_stride = n_ctx * head_dim. */
     int64_t row_stride, head_stride;
 } fm_attention_args;
 
-/* Queries (row, head) one work item of fm_attention takes at most: the scratch holds that many score rows
- * per worker. */
-#define FM_ATTN_ITEM_QUERIES 16
+/* Queries (row, head) one work item of fm_attention takes at most. */
+#define FM_ATTN_ITEM_QUERIES 128
+
+/* Floats of fm_attention_args.scratch for a pool of `threads` workers (a block of scores per query of an
+ * item), whatever the context length. */
+size_t fm_attention_scratch_floats(int threads);
 
 /* out = softmax(q k^T / sqrt(head_dim)) v per head, query head h reading kv head h / (n_heads/n_kv_heads). */
 void fm_attention(fm_pool *pool, const fm_attention_args *a);

@@ -5,29 +5,24 @@
 #include <string.h>
 
 #include "cpu/attention_kernels.h"
+#include "cpu/simd_avx.h"
 
-/* One query's reduction of its two accumulators, in the same order in every kernel here. */
-static inline float reduce2(__m256 acc0, __m256 acc1) {
-    const __m256 acc = _mm256_add_ps(acc0, acc1);
+/* One query's reduction of its accumulator, in the same order in every kernel here. */
+static inline float reduce1(__m256 acc) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
 
+/* One accumulator, 8 dimensions at a time in order: the operations every dot product here performs. */
 float fm_attn_dot_f16_avx2(const float *q, const uint16_t *k, int n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
-                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
-                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8))), acc1);
-    }
     for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
-                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), acc0);
-    float sum = reduce2(acc0, acc1);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), acc);
+    float sum = reduce1(acc);
     for (; i < n; i++) sum += q[i] * _cvtsh_ss(k[i]);
     return sum;
 }
@@ -43,33 +38,58 @@ void fm_attn_axpy_f16_avx2(float *o, float p, const uint16_t *v, int n) {
 }
 
 /* Four queries against nk key rows (k + j * stride, in key order): out[u][j] = (q_u . k_j) * scale, each dot
- * product with fm_attn_dot_f16_avx2's operations (the same bits), the row loaded and converted once for the
- * four; rows j < npf also prefetch row j + ahead (the next block). In one call, so that the rows' work
- * overlaps, where a call per row waited on each row's reductions. Named accumulators, not arrays: GCC kept
- * an array of them on the stack. */
+ * product with fm_attn_dot_f16_avx2's operations (the same bits), each row loaded and converted once for the
+ * four; rows j < npf also prefetch row j + ahead (the next block). Two rows at a time: eight accumulators,
+ * each a chain of n / 8 FMAs, and each query's 8 values loaded once for both rows (pinned in a register:
+ * GCC otherwise folded the load into both FMAs). Named accumulators, not arrays: GCC kept an array of them
+ * on the stack. */
 void fm_attn_dot4_rows_f16_avx2(const float *const q[4], const uint16_t *k, int64_t stride, int nk, int n,
                                 float scale, float *const out[4], int npf, int ahead) {
     const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
     float *o0 = out[0], *o1 = out[1], *o2 = out[2], *o3 = out[3];
-    for (int j = 0; j < nk; j++, k += stride) {
+    int j = 0;
+    for (; j + 2 <= nk; j += 2, k += 2 * stride) {
+        for (int r = 0; r < 2; r++)
+            if (j + r < npf)
+                for (int off = 0; off < n; off += 32)
+                    _mm_prefetch((const char *)(k + (int64_t)(ahead + r) * stride + off), _MM_HINT_T0);
+        const uint16_t *k1 = k + stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (int i = 0; i < n; i += 8) {
+            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+            const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + i)));
+            __m256 w = _mm256_loadu_ps(q0 + i);
+            FM_PIN(w);
+            a0 = _mm256_fmadd_ps(w, x, a0), b0 = _mm256_fmadd_ps(w, y, b0);
+            w = _mm256_loadu_ps(q1 + i);
+            FM_PIN(w);
+            a1 = _mm256_fmadd_ps(w, x, a1), b1 = _mm256_fmadd_ps(w, y, b1);
+            w = _mm256_loadu_ps(q2 + i);
+            FM_PIN(w);
+            a2 = _mm256_fmadd_ps(w, x, a2), b2 = _mm256_fmadd_ps(w, y, b2);
+            w = _mm256_loadu_ps(q3 + i);
+            FM_PIN(w);
+            a3 = _mm256_fmadd_ps(w, x, a3), b3 = _mm256_fmadd_ps(w, y, b3);
+        }
+        o0[j] = reduce1(a0) * scale, o1[j] = reduce1(a1) * scale;
+        o2[j] = reduce1(a2) * scale, o3[j] = reduce1(a3) * scale;
+        o0[j + 1] = reduce1(b0) * scale, o1[j + 1] = reduce1(b1) * scale;
+        o2[j + 1] = reduce1(b2) * scale, o3[j + 1] = reduce1(b3) * scale;
+    }
+    if (j < nk) { /* the last row of an odd count */
         if (j < npf)
             for (int off = 0; off < n; off += 32)
                 _mm_prefetch((const char *)(k + (int64_t)ahead * stride + off), _MM_HINT_T0);
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
-        for (int i = 0; i < n; i += 16) {
-            const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
-            const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8)));
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), k0, a0);
-            b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i + 8), k1, b0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), k0, a1);
-            b1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i + 8), k1, b1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), k0, a2);
-            b2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i + 8), k1, b2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), k0, a3);
-            b3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i + 8), k1, b3);
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < n; i += 8) {
+            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), x, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), x, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), x, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), x, a3);
         }
-        o0[j] = reduce2(a0, b0) * scale, o1[j] = reduce2(a1, b1) * scale;
-        o2[j] = reduce2(a2, b2) * scale, o3[j] = reduce2(a3, b3) * scale;
+        o0[j] = reduce1(a0) * scale, o1[j] = reduce1(a1) * scale;
+        o2[j] = reduce1(a2) * scale, o3[j] = reduce1(a3) * scale;
     }
 }
 
@@ -144,5 +164,5 @@ float fm_attn_exp_sum_avx2(float *s, int n, float mx) {
         memcpy(s + j, t, sizeof(float) * (size_t)(n - j));
         acc = _mm256_add_ps(acc, e);
     }
-    return reduce2(acc, _mm256_setzero_ps());
+    return reduce1(acc);
 }

@@ -11,13 +11,13 @@
 #include "cpu/attention.h"
 #include "drafter/drafter_internal.h"
 
-/* Attention scores need [threads][FM_ATTN_ITEM_QUERIES][L]; grown on demand for the pool the caller passes.
- */
+/* Attention scratch: fm_attention's for the context, [threads][block] scores for the slots' self-attention;
+ * grown on demand for the pool the caller passes. */
 static int ensure_scores(fm_drafter *d, fm_pool *pool, char *err, size_t errlen) {
     int nt = pool ? fm_pool_size(pool) : 1;
     if (nt <= d->score_threads) return 0;
-    int L = d->max_ctx > d->hp.block ? d->max_ctx : d->hp.block;
-    float *s = realloc(d->scores, (size_t)nt * FM_ATTN_ITEM_QUERIES * L * sizeof(float));
+    const size_t ctx = fm_attention_scratch_floats(nt), self = (size_t)nt * (size_t)d->hp.block;
+    float *s = realloc(d->scores, (ctx > self ? ctx : self) * sizeof(float));
     if (!s) return fm_set_error(err, errlen, "drafter: out of memory for attention scores");
     d->scores = s;
     d->score_threads = nt;

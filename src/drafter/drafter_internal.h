@@ -60,7 +60,7 @@ struct fm_drafter {
     float *logits;                      /* [block][vocab] */
     float *rope_cos, *rope_sin;         /* [rows][head_dim/2] */
     float *inv_freq;                    /* [head_dim/2] */
-    float *scores; /* [score_threads][FM_ATTN_ITEM_QUERIES][max(max_ctx, block)] attention scratch */
+    float *scores; /* attention scratch for score_threads workers (drafter_forward.c: ensure_scores) */
     int score_threads;
 };
 

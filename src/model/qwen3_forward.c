@@ -34,7 +34,7 @@ struct qwen3_state {
     float *att;    /* [B][n_heads*head_dim] */
     float *gate;   /* [B][ffn] */
     float *up;     /* [B][ffn] */
-    float *scores; /* [threads][FM_ATTN_ITEM_QUERIES][n_ctx] attention scratch */
+    float *scores; /* attention scratch: fm_attention_scratch_floats(scores_threads) */
     int scores_threads;
     float *features; /* [B][n_capture*dim] */
     float *logits;   /* [logits_rows][vocab], grown on demand */
@@ -223,7 +223,7 @@ static int ensure_scratch(qwen3_state *s, fm_pool *pool, int rows, int vocab, ch
     const int threads = fm_pool_size(pool);
     if (s->scores_threads < threads) {
         free(s->scores);
-        s->scores = alloc_f32((size_t)threads * FM_ATTN_ITEM_QUERIES * s->n_ctx);
+        s->scores = alloc_f32(fm_attention_scratch_floats(threads));
         s->scores_threads = s->scores ? threads : 0;
         if (!s->scores) return fm_set_error(err, errlen, "out of memory for attention scores");
     }
