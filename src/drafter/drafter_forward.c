@@ -34,10 +34,16 @@ static void write_cross_kv(fm_drafter *d, fm_pool *pool, int l, const float *ctx
     fm_matmul_multi(pool, kv, 2, ctx, T, kv_out);
     fmd_head_norm_rope(d->k, L->cross.k_norm, T, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
                        d->rope_sin);
-    for (size_t i = 0; i < (size_t)T * D; i++) {
-        L->k_cache[(size_t)pos0 * D + i] = fm_f32_to_f16(d->k[i]);
-        L->v_cache[(size_t)pos0 * D + i] = fm_f32_to_f16(d->v[i]);
-    }
+    const int hd = hp->head_dim;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < hp->n_heads; h++) {
+            const size_t at = ((size_t)h * d->max_ctx + (size_t)(pos0 + t)) * hd,
+                         from = (size_t)t * D + (size_t)h * hd;
+            for (int i = 0; i < hd; i++) {
+                L->k_cache[at + i] = fm_f32_to_f16(d->k[from + i]);
+                L->v_cache[at + i] = fm_f32_to_f16(d->v[from + i]);
+            }
+        }
 }
 
 int fm_drafter_extend_context(fm_drafter *d, fm_pool *pool, const float *features, int n, int start,
@@ -73,7 +79,7 @@ static void self_attention(fm_drafter *d, fm_pool *pool, const fmd_layer *L, con
                        d->rope_sin);
     fmd_head_norm_rope(d->k, L->self.k_norm, K, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
                        d->rope_sin);
-    fmd_attention(pool, d->q, K, d->k, d->v, NULL, NULL, K, hp->n_heads, hp->head_dim, d->att, d->scores);
+    fmd_attention(pool, d->q, K, d->k, d->v, NULL, NULL, 0, K, hp->n_heads, hp->head_dim, d->att, d->scores);
     fm_matmul(pool, &L->self.o, d->att, K, d->y, NULL);
     fmd_gate_add(d->x, d->y, m->gate, K, hp->dim);
 }
@@ -86,8 +92,8 @@ static void cross_attention(fm_drafter *d, fm_pool *pool, const fmd_layer *L, co
     fm_matmul(pool, &L->cross.q, d->h, K, d->q, NULL);
     fmd_head_norm_rope(d->q, L->cross.q_norm, K, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
                        d->rope_sin);
-    fmd_attention(pool, d->q, K, NULL, NULL, L->k_cache, L->v_cache, ctx_len, hp->n_heads, hp->head_dim,
-                  d->att, d->scores);
+    fmd_attention(pool, d->q, K, NULL, NULL, L->k_cache, L->v_cache, d->max_ctx, ctx_len, hp->n_heads,
+                  hp->head_dim, d->att, d->scores);
     fm_matmul(pool, &L->cross.o, d->att, K, d->y, NULL);
     fmd_gate_add(d->x, d->y, m->gate, K, hp->dim);
 }

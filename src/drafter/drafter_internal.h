@@ -15,12 +15,14 @@ typedef struct {
 
 typedef struct {
     fmd_attn self, cross;
-    fm_matrix fc1;     /* [ffn][dim] */
-    fm_matrix fc2;     /* [dim][ffn] */
-    float *fc1_b;      /* [ffn] or NULL */
-    float *fc2_b;      /* [dim] or NULL */
-    uint16_t *k_cache; /* [max_ctx][dim] f16: cross-attention keys (normed, rotated) */
-    uint16_t *v_cache; /* [max_ctx][dim] f16 */
+    fm_matrix fc1; /* [ffn][dim] */
+    fm_matrix fc2; /* [dim][ffn] */
+    float *fc1_b;  /* [ffn] or NULL */
+    float *fc2_b;  /* [dim] or NULL */
+    /* [n_heads][max_ctx][head_dim] f16: cross-attention keys (normed, rotated) and values, each head's rows
+     * one contiguous stream (as the target's cache; cpu/attention.c reads it faster than rows of all heads)
+     */
+    uint16_t *k_cache, *v_cache;
 } fmd_layer;
 
 /* Time modulation of one adaptive LayerNorm: [scale dim | shift dim | gate dim]. */
@@ -81,9 +83,10 @@ void fmd_gate_add(float *x, const float *y, const float *gate, int T, int n);
 void fmd_gelu(float *x, int64_t n);
 void fmd_silu(float *x, int64_t n);
 /* Attention without a mask: o[t][h] = softmax(q[t][h] . k[j][h] / sqrt(head_dim)) v[j][h] over j < L. K/V
- * are either f32 (kf/vf) or f16 (kh/vh) rows of dim = n_heads * head_dim. scores: [pool threads][L]. */
+ * are either f32 (kf/vf) rows of dim = n_heads * head_dim, or f16 (kh/vh) laid out [n_heads][rows][head_dim]
+ * with `rows` rows a head. scores: [pool threads][L] for f32, fm_attention's scratch for f16. */
 void fmd_attention(fm_pool *pool, const float *q, int T, const float *kf, const float *vf, const uint16_t *kh,
-                   const uint16_t *vh, int L, int n_heads, int head_dim, float *o, float *scores);
+                   const uint16_t *vh, int rows, int L, int n_heads, int head_dim, float *o, float *scores);
 /* Index of the largest value, ties to the lowest index. */
 int32_t fmd_argmax(const float *x, int64_t n);
 

@@ -120,7 +120,7 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
 }
 
 void fmd_attention(fm_pool *pool, const float *q, int T, const float *kf, const float *vf, const uint16_t *kh,
-                   const uint16_t *vh, int L, int n_heads, int head_dim, float *o, float *scores) {
+                   const uint16_t *vh, int rows, int L, int n_heads, int head_dim, float *o, float *scores) {
     if (kh) { /* the context: as many rows as the target's cache, so its SIMD kernels */
         const fm_attention_args fa = {.n_heads = n_heads,
                                       .n_kv_heads = n_heads,
@@ -131,7 +131,9 @@ void fmd_attention(fm_pool *pool, const float *q, int T, const float *kf, const 
                                       .T = T,
                                       .q = q,
                                       .out = o,
-                                      .scratch = scores};
+                                      .scratch = scores,
+                                      .row_stride = head_dim,
+                                      .head_stride = (int64_t)rows * head_dim};
         fm_attention(pool, &fa);
         return;
     }
