@@ -215,7 +215,7 @@ void fm_attention(fm_pool *pool, const fm_attention_args *a) {
     /* Items of whole groups of four queries, as large as keeps every thread busy with two of them (a KV
      * head's keys are read once per item: 4x less traffic than a query at a time for a Qwen3-4B step, 17x
      * for a verify block of 17 rows), at most FM_ATTN_ITEM_QUERIES; a step's 32 queries stay at 16 an item
-     * (one per thread: its four KV heads' rows side by side). */
+     * (four KV heads, one item a thread). */
     const int nq = a->n_heads * a->T, threads = fm_pool_size(pool) > 0 ? fm_pool_size(pool) : 1;
     int items = a->T == 1 ? threads : 2 * threads;
     if (items < (nq + FM_ATTN_ITEM_QUERIES - 1) / FM_ATTN_ITEM_QUERIES)
