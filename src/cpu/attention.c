@@ -1,7 +1,7 @@
 /* attention.c: GQA attention (causal, or over all n_keys rows). A work item takes up to FM_ATTN_ITEM_QUERIES
- * (row, head) queries in (KV head, row, head of the group) order and runs them over the keys in blocks, so
- * each key and value row is read (and converted, four queries at a time) once per item; each query's scores
- * live in the worker's scratch; softmax is max-subtracted in f32. */
+ * (row, head) queries in (KV head, row, head of the group) order and runs them over the keys in blocks of
+ * KEY_BLOCK rows, so each key and value row is read (and converted, four queries at a time) once per item;
+ * a block's scores live in the worker's scratch; the softmax is online, in f32 (attention_item). */
 #include "cpu/attention.h"
 
 #include <math.h>

@@ -71,14 +71,14 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
 }
 
 /* The launch shapes. FMC_ATT_SHORT: blocks of 8 warps holding 128 queries (a whole verify block), 16 per KV
- * head. FMC_ATT_LONG (from ~2k positions, where a step's attention reads more cache than weights), for
+ * head. FMC_ATT_LONG (past 960 positions: cuda_backend.cu's ATT_LONG_FROM and its sweep), for
  * launches of up to 64 queries a KV head (steps, the drafter's 16 slots, verify blocks of up to 64 / G
  * rows): the smallest block whose 16-query tiles hold them, at least 2 warps (both load; one computes when
  * the queries fit one tile), 128 warps per KV head in all. Measured on the H200, plain steps alternated
  * with the binary before each change in one device call:
  * - the 8-warp block holds 246 registers a thread (one an SM) and a step leaves 7 of its 8 warps idle: at
  *   16k positions the step's attention ran at 0.5 TB/s; 2-warp blocks: 16k step 7.60 -> 5.97 ms, 512
- *   positions 2.72 -> 2.84 ms (so the short form stays below ~2k);
+ *   positions 2.72 -> 2.84 ms (so the short form stays at short contexts);
  * - the one-tile blocks copy their splits with cp.async (k_attn_split_async: 160 registers, 5 blocks an SM
  *   as their shared memory allows): 16k step 5.04 -> 4.30 ms (4.60 through registers held to 204);
  * - the 32- and 64-query blocks keep the register loads: verify(8) at 16k took 88 us a layer against 92

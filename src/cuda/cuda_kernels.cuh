@@ -202,7 +202,7 @@ int fmc_attn_prefill_fits(int n_heads, int n_kv, int hd);
 int fmc_attn_head_dim_ok(int hd);
 /* form: FMC_ATT_SHORT, or FMC_ATT_LONG for long contexts, where launches of at most 64 rows x heads of a
  * group (steps, the drafter's slots, verify blocks of up to 16 rows of Qwen3-4B) run on many small blocks
- * (cuda_attn.cu): faster from about 2k positions, slower below. The same bits either way. */
+ * (cuda_attn.cu): faster from about 900 positions, slower below. The same bits either way. */
 enum { FMC_ATT_SHORT = 0, FMC_ATT_LONG = 1 };
 /* Whether a launch of T rows has a long form distinct from the short one. */
 int fmc_attn_long_form(int T, int n_heads, int n_kv);
