@@ -38,6 +38,24 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_b
         : "memory");
 #endif
 }
+/* An L2 policy that evicts the lines it loads first: for data read once per kernel (the KV cache in the
+ * attention), so that what is read again soon (the splits' partial results, read by the merge) stays. */
+__device__ __forceinline__ uint64_t l2_evict_first() {
+    uint64_t p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
+/* cp_async16 with an L2 policy (l2_evict_first). */
+__device__ __forceinline__ void cp_async16_hint(void *dst, const void *src, int src_bytes, uint64_t pol) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(
+                     (unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(src_bytes), "l"(pol)
+                 : "memory");
+#endif
+}
 __device__ __forceinline__ void cp_async4(void *dst, const void *src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
