@@ -9,7 +9,7 @@ scripts/install_deps.sh
 jobs=$(nproc)
 
 echo "== clang-format check"
-git ls-files '*.c' '*.h' | xargs -r clang-format --dry-run -Werror
+git ls-files '*.c' '*.h' '*.cu' '*.cuh' | xargs -r clang-format --dry-run -Werror
 
 echo "== release build + tests"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -302,9 +302,8 @@ __global__ void __launch_bounds__(NW * 32, 1)
  * them split by split left the chain waiting on L2: at 16k positions (256 splits) this kernel took 77 us a
  * layer, twice the split kernel. */
 template <int HD>
-__global__ void __launch_bounds__(HD)
-    k_attn_combine(int n_heads, const int *pos, int causal, int max_splits, const float *part, int8_t *xq,
-                   float *xd, float *out) {
+__global__ void __launch_bounds__(HD) k_attn_combine(int n_heads, const int *pos, int causal, int max_splits,
+                                                     const float *part, int8_t *xq, float *xd, float *out) {
     constexpr int R = HD + 2, CH = HD >= 256 ? 16 : 32; /* floats a split; splits a chunk (<= 33 KB) */
     __shared__ __align__(16) float buf[2][CH * R];
     pdl_trigger();
@@ -322,8 +321,10 @@ __global__ void __launch_bounds__(HD)
     const int nc = (ns + CH - 1) / CH;
     fetch(0);
     for (int c = 0; c < nc; c++) {
-        if (c + 1 < nc) fetch(c + 1), cp_async_wait<1>();
-        else cp_async_wait<0>();
+        if (c + 1 < nc)
+            fetch(c + 1), cp_async_wait<1>();
+        else
+            cp_async_wait<0>();
         __syncthreads();
         const float *b = buf[c & 1];
         const int n = min(ns - c * CH, (int)CH);

@@ -16,7 +16,8 @@ extern "C" double fm_cuda_debug_copy_bandwidth(size_t bytes, int reps) {
         return 0;
     }
     cudaMemset(a, 1, bytes);
-    const double ms = fmc_median_ms([&] { cudaMemcpyAsync(c, a, bytes, cudaMemcpyDeviceToDevice, 0); }, 0, 2, reps);
+    const double ms =
+        fmc_median_ms([&] { cudaMemcpyAsync(c, a, bytes, cudaMemcpyDeviceToDevice, 0); }, 0, 2, reps);
     cudaFree(a);
     cudaFree(c);
     return ms > 0 ? 2.0 * (double)bytes / (ms * 1e-3) / 1e9 : 0;
@@ -64,7 +65,8 @@ static int attach(dev_bufs *d, fmc_split *sp, int N) {
     return !sp->part || !sp->cnt || cudaMemset(sp->cnt, 0, (size_t)cnt * 4 + 4) != cudaSuccess;
 }
 
-/* A Q8_0 matrix from N rows of K/32 GGUF blocks on the host: uploaded, repacked, its split scratch attached. */
+/* A Q8_0 matrix from N rows of K/32 GGUF blocks on the host: uploaded, repacked, its split scratch attached.
+ */
 static int q8_upload(dev_bufs *d, const void *blocks, int N, int K, int glu, fmc_q8 *w) {
     size_t qb, sb;
     fmc_q8_bytes(N, K, &qb, &sb);
@@ -166,8 +168,8 @@ extern "C" int fm_cuda_debug_q8_dmatmul(const void *blocks, int N, int K, const 
 }
 
 extern "C" int fm_cuda_debug_attention(const float *q, int T, int n_heads, int n_kv, int hd,
-                                       const uint16_t *k, const uint16_t *v, int pos, int causal,
-                                       int form, float *out) {
+                                       const uint16_t *k, const uint16_t *v, int pos, int causal, int form,
+                                       float *out) {
     if (fmc_init() || !fmc_attn_head_dim_ok(hd) || n_heads % n_kv) return -1;
     const int n_keys = causal ? pos + T : pos + 1, splits = (n_keys + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
     const size_t kv = (size_t)n_keys * n_kv * hd * 2, qn = (size_t)T * n_heads * hd;
