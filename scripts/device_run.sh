@@ -4,6 +4,8 @@
 # come from the carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
 # the full-size benchmark, the persistent-kernel probe and the PyTorch peer.
 # usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|peer|llama]...
+# Each step ends after STEP_TIMEOUT seconds (default 400; the device's calls end at 600): a kernel that hangs
+# then costs the rest of the call, not all of it (a hung wait once took a whole call).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${BUILD:-/tmp/fmb}
@@ -48,20 +50,21 @@ else
 fi
 [ -x "$B/bench_cuda" ] || { echo "build failed"; exit 1; }
 echo "build done in $(( $(date +%s) - t0 )) s"
+lim=${STEP_TIMEOUT:-400}
 for step in "$@"; do
   case $step in
-    parity) "$B/test_cuda_parity" "$WORK" 2>&1 | tee "$OUT/parity.log" ;;
-    sanitize) compute-sanitizer --tool memcheck --leak-check no "$B/test_cuda_parity" "$WORK/san" 2>&1 \
+    parity) timeout "$lim" "$B/test_cuda_parity" "$WORK" 2>&1 | tee "$OUT/parity.log" ;;
+    sanitize) timeout "$lim" compute-sanitizer --tool memcheck --leak-check no "$B/test_cuda_parity" "$WORK/san" 2>&1 \
                 | tail -25 | tee "$OUT/sanitize.log" ;;
-    bench) "$B/bench_cuda" "$WORK" 2>&1 | tee "$OUT/bench.log" ;;
-    probe) "$B/persistent_probe" 5 2>&1 | tee "$OUT/probe.log" ;;
+    bench) timeout "$lim" "$B/bench_cuda" "$WORK" 2>&1 | tee "$OUT/bench.log" ;;
+    probe) timeout "$lim" "$B/persistent_probe" 5 2>&1 | tee "$OUT/probe.log" ;;
     # long prompts: the same benchmark after LONG_PROMPTS tokens (default 4096 and 16384), 128 new tokens
     long) for np in ${LONG_PROMPTS:-4096 16384}; do
-            "$B/bench_cuda" "$WORK" "$np" 128 2>&1 | tee "$OUT/bench_$np.log" | grep "RESULT" \
+            timeout "$lim" "$B/bench_cuda" "$WORK" "$np" 128 2>&1 | tee "$OUT/bench_$np.log" | grep "RESULT" \
               | grep -v "adaptive widths"; done ;;
     # the step's products in one persistent launch against a graph of launches (cuda_q8_persist.cu)
-    persist) FM_BENCH_PERSIST=1 "$B/bench_cuda" "$WORK" 2>&1 | grep "RESULT" | tee "$OUT/persist.log" ;;
-    peer) PYTHONUNBUFFERED=1 python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 | tee "$OUT/peer.log" ;;
+    persist) FM_BENCH_PERSIST=1 timeout "$lim" "$B/bench_cuda" "$WORK" 2>&1 | grep "RESULT" | tee "$OUT/persist.log" ;;
+    peer) PYTHONUNBUFFERED=1 timeout "$lim" python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 | tee "$OUT/peer.log" ;;
     # llama.cpp's CUDA build on the GGUF that bench synthesized (run bench first): prefill 512 and 128 decode
     # steps after a 512-token context, as bench_cuda measures ours. LLAMA_BENCH, or a carried
     # .devdeps/bin/llama-bench, built by `bench/build_llamacpp.sh --cuda SRC_DIR` (here or on the workstation).
