@@ -54,8 +54,8 @@ lim=${STEP_TIMEOUT:-400}
 for step in "$@"; do
   case $step in
     parity) timeout "$lim" "$B/test_cuda_parity" "$WORK" 2>&1 | tee "$OUT/parity.log" ;;
-    sanitize) timeout "$lim" compute-sanitizer --tool memcheck --leak-check no "$B/test_cuda_parity" "$WORK/san" 2>&1 \
-                | tail -25 | tee "$OUT/sanitize.log" ;;
+    sanitize) timeout "$lim" compute-sanitizer --tool memcheck --leak-check no "$B/test_cuda_parity" \
+                "$WORK/san" 2>&1 | tail -25 | tee "$OUT/sanitize.log" ;;
     bench) timeout "$lim" "$B/bench_cuda" "$WORK" 2>&1 | tee "$OUT/bench.log" ;;
     probe) timeout "$lim" "$B/persistent_probe" 5 2>&1 | tee "$OUT/probe.log" ;;
     # long prompts: the same benchmark after LONG_PROMPTS tokens (default 4096 and 16384), 128 new tokens
@@ -63,8 +63,10 @@ for step in "$@"; do
             timeout "$lim" "$B/bench_cuda" "$WORK" "$np" 128 2>&1 | tee "$OUT/bench_$np.log" | grep "RESULT" \
               | grep -v "adaptive widths"; done ;;
     # the step's products in one persistent launch against a graph of launches (cuda_q8_persist.cu)
-    persist) FM_BENCH_PERSIST=1 timeout "$lim" "$B/bench_cuda" "$WORK" 2>&1 | grep "RESULT" | tee "$OUT/persist.log" ;;
-    peer) PYTHONUNBUFFERED=1 timeout "$lim" python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 | tee "$OUT/peer.log" ;;
+    persist) FM_BENCH_PERSIST=1 timeout "$lim" "$B/bench_cuda" "$WORK" 2>&1 | grep "RESULT" \
+               | tee "$OUT/persist.log" ;;
+    peer) PYTHONUNBUFFERED=1 timeout "$lim" python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 \
+            | tee "$OUT/peer.log" ;;
     # llama.cpp's CUDA build on the GGUF that bench synthesized (run bench first): prefill 512 and 128 decode
     # steps after a 512-token context, as bench_cuda measures ours. LLAMA_BENCH, or a carried
     # .devdeps/bin/llama-bench, built by `bench/build_llamacpp.sh --cuda SRC_DIR` (here or on the workstation).
