@@ -205,6 +205,18 @@ static void attention_items(void *ctx, int64_t begin, int64_t end, int thread) {
     }
 }
 
+void fm_attention_store_kv(uint16_t *k_cache, uint16_t *v_cache, int64_t head_stride, int pos, const float *k,
+                           const float *v, int n_heads, int head_dim) {
+    for (int h = 0; h < n_heads; h++) {
+        uint16_t *kr = k_cache + h * head_stride + (int64_t)pos * head_dim,
+                 *vr = v_cache + h * head_stride + (int64_t)pos * head_dim;
+        for (int i = 0; i < head_dim; i++) {
+            kr[i] = fm_f32_to_f16(k[h * head_dim + i]);
+            vr[i] = fm_f32_to_f16(v[h * head_dim + i]);
+        }
+    }
+}
+
 size_t fm_attention_scratch_floats(int threads) {
     return (size_t)(threads > 0 ? threads : 1) * FM_ATTN_ITEM_QUERIES * KEY_BLOCK;
 }

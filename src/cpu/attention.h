@@ -32,6 +32,11 @@ typedef struct {
  * item), whatever the context length. */
 size_t fm_attention_scratch_floats(int threads);
 
+/* One position's keys and values k, v [n_heads][head_dim] (f32) into f16 caches laid out
+ * [n_heads][rows][head_dim] (head_stride = rows * head_dim elements), at row pos. */
+void fm_attention_store_kv(uint16_t *k_cache, uint16_t *v_cache, int64_t head_stride, int pos, const float *k,
+                           const float *v, int n_heads, int head_dim);
+
 /* out = softmax(q k^T / sqrt(head_dim)) v per head, query head h reading kv head h / (n_heads/n_kv_heads). */
 void fm_attention(fm_pool *pool, const fm_attention_args *a);
 

@@ -34,16 +34,9 @@ static void write_cross_kv(fm_drafter *d, fm_pool *pool, int l, const float *ctx
     fm_matmul_multi(pool, kv, 2, ctx, T, kv_out);
     fmd_head_norm_rope(d->k, L->cross.k_norm, T, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
                        d->rope_sin);
-    const int hd = hp->head_dim;
     for (int t = 0; t < T; t++)
-        for (int h = 0; h < hp->n_heads; h++) {
-            const size_t at = ((size_t)h * d->max_ctx + (size_t)(pos0 + t)) * hd,
-                         from = (size_t)t * D + (size_t)h * hd;
-            for (int i = 0; i < hd; i++) {
-                L->k_cache[at + i] = fm_f32_to_f16(d->k[from + i]);
-                L->v_cache[at + i] = fm_f32_to_f16(d->v[from + i]);
-            }
-        }
+        fm_attention_store_kv(L->k_cache, L->v_cache, (int64_t)d->max_ctx * hp->head_dim, pos0 + t,
+                              d->k + (size_t)t * D, d->v + (size_t)t * D, hp->n_heads, hp->head_dim);
 }
 
 int fm_drafter_extend_context(fm_drafter *d, fm_pool *pool, const float *features, int n, int start,

@@ -178,14 +178,7 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
         head_norm_rope(s->q + (int64_t)t * q_dim, hp->n_heads, hd, L->q_norm, hp->rms_eps, rope_row);
         float *k = s->k + (int64_t)t * kv_dim, *v = s->v + (int64_t)t * kv_dim;
         head_norm_rope(k, hp->n_kv_heads, hd, L->k_norm, hp->rms_eps, rope_row);
-        for (int h = 0; h < hp->n_kv_heads; h++) {
-            uint16_t *kr = kc + h * head_stride + (size_t)pos * hd,
-                     *vr = vc + h * head_stride + (size_t)pos * hd;
-            for (int i = 0; i < hd; i++) {
-                kr[i] = fm_f32_to_f16(k[h * hd + i]);
-                vr[i] = fm_f32_to_f16(v[h * hd + i]);
-            }
-        }
+        fm_attention_store_kv(kc, vc, (int64_t)head_stride, pos, k, v, hp->n_kv_heads, hd);
     }
     fm_attention_args a = {
         .n_heads = hp->n_heads,
