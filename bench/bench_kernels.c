@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
                 for (int ti = 0; ti < nT; ti++) {
                     const int T = Ts[ti];
                     if (lvl == FM_ISA_SCALAR && T > max_scalar_T) continue;
-                    fm_matrix w = {(fm_dtype)dt, rows, cols, data};
+                    fm_matrix w = {(fm_dtype)dt, rows, cols, data, NULL};
                     fm_matmul(pool, &w, x, T, y, NULL); /* warm-up: workspace, page faults */
                     enum { MAX_REPS = 1 << 16 };
                     static double times[MAX_REPS];

@@ -3,7 +3,8 @@
  * plain reimplementation of ggml's quantize_row_q8_0_ref (bytes must match), edge cases included;
  * fm_matrix_row_f32 and fm_matrix_check; batch independence (every token's row of a T-token product equals,
  * bit for bit, the single-token product, for every T in 1..40, at every ISA level, with and without the pool:
- * speculative decoding is lossless only because of it); fm_matmul_multi against separate fm_matmul calls.
+ * speculative decoding is lossless only because of it); fm_matmul_multi against separate fm_matmul calls;
+ * the AVX2 kernel's pre-packed rows (layout, and results bit for bit those of the unpacked matrix).
  *
  * Tolerances. All kernels accumulate in f32; they differ from the reference only in summation order (SIMD
  * lanes, tiles), and for Q8_0 the int8 products are exact in both, so the difference is bounded by
@@ -100,7 +101,7 @@ static void reset_variant(void) {
 }
 
 static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
-    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols)};
+    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols), NULL};
     const int Tmax = 33;
     float *x = malloc(sizeof(float) * (size_t)(Tmax * cols));
     float *bias = malloc(sizeof(float) * (size_t)rows);
@@ -116,7 +117,7 @@ static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
     if (dt == FM_DTYPE_Q8_0) {
         fm_block_q8_0 *q = malloc(sizeof *q * (size_t)(Tmax * cols / 32));
         ggml_style_q8_0(x, q, Tmax * cols);
-        fm_matrix xm = {FM_DTYPE_Q8_0, Tmax, cols, q};
+        fm_matrix xm = {FM_DTYPE_Q8_0, Tmax, cols, q, NULL};
         for (int t = 0; t < Tmax; t++) fm_matrix_row_f32(&xm, t, xe + t * cols);
         free(q);
     }
@@ -238,31 +239,31 @@ static void test_row_and_check(void) {
         blk[b].d = fm_f32_to_f16(0.5f * (float)(b + 1));
         for (int j = 0; j < 32; j++) blk[b].qs[j] = (int8_t)(j - 16 + b);
     }
-    fm_matrix m = {FM_DTYPE_Q8_0, 1, 64, blk};
+    fm_matrix m = {FM_DTYPE_Q8_0, 1, 64, blk, NULL};
     float out[64];
     fm_matrix_row_f32(&m, 0, out);
     CHECK_NEAR(out[0], 0.5f * -16.0f, 0);
     CHECK_NEAR(out[63], 1.0f * 16.0f, 0);
     uint16_t h[6] = {fm_f32_to_f16(1.5f),  fm_f32_to_f16(-2.0f),  fm_f32_to_f16(0.25f),
                      fm_f32_to_bf16(1.5f), fm_f32_to_bf16(-2.0f), fm_f32_to_bf16(3.0f)};
-    fm_matrix mh = {FM_DTYPE_F16, 2, 3, h};
+    fm_matrix mh = {FM_DTYPE_F16, 2, 3, h, NULL};
     fm_matrix_row_f32(&mh, 0, out);
     CHECK(out[0] == 1.5f && out[1] == -2.0f && out[2] == 0.25f);
-    fm_matrix mb = {FM_DTYPE_BF16, 2, 3, h};
+    fm_matrix mb = {FM_DTYPE_BF16, 2, 3, h, NULL};
     fm_matrix_row_f32(&mb, 1, out);
     CHECK(out[0] == 1.5f && out[1] == -2.0f && out[2] == 3.0f);
     float f[4] = {1, 2, 3, 4};
-    fm_matrix mf = {FM_DTYPE_F32, 2, 2, f};
+    fm_matrix mf = {FM_DTYPE_F32, 2, 2, f, NULL};
     fm_matrix_row_f32(&mf, 1, out);
     CHECK(out[0] == 3 && out[1] == 4);
 
     CHECK(fm_matrix_check(&m, err, sizeof err) == 0);
-    fm_matrix bad = {FM_DTYPE_Q8_0, 4, 48, blk};
+    fm_matrix bad = {FM_DTYPE_Q8_0, 4, 48, blk, NULL};
     CHECK(fm_matrix_check(&bad, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "multiple of 32") != NULL, "message: %s", err);
-    bad = (fm_matrix){FM_DTYPE_F32, 0, 4, f};
+    bad = (fm_matrix){FM_DTYPE_F32, 0, 4, f, NULL};
     CHECK(fm_matrix_check(&bad, err, sizeof err) == -1);
-    bad = (fm_matrix){FM_DTYPE_F32, 2, 2, NULL};
+    bad = (fm_matrix){FM_DTYPE_F32, 2, 2, NULL, NULL};
     CHECK(fm_matrix_check(&bad, err, sizeof err) == -1);
 }
 
@@ -296,7 +297,7 @@ static void test_isa_levels(void) {
  * (cols 9728) that a batch's activations are split into many column segments (AVX-512 row-pair path). */
 static void test_batch_independence(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
     enum { TMAX = 40 };
-    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols)};
+    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols), NULL};
     float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
     float *y1 = malloc(sizeof(float) * (size_t)(TMAX * rows)),
           *y = malloc(sizeof(float) * (size_t)(TMAX * rows));
@@ -345,7 +346,8 @@ static void test_multi(fm_pool *pool) {
         const fm_matrix *wp[3];
         float *ya[3], *yb[3];
         for (int i = 0; i < 3; i++) {
-            w[i] = (fm_matrix){types[mix][i], rows[i], cols, make_weights(types[mix][i], rows[i], cols)};
+            w[i] =
+                (fm_matrix){types[mix][i], rows[i], cols, make_weights(types[mix][i], rows[i], cols), NULL};
             wp[i] = &w[i];
             ya[i] = malloc(sizeof(float) * 33 * (size_t)rows[i]);
             yb[i] = malloc(sizeof(float) * 33 * (size_t)rows[i]);
@@ -374,6 +376,87 @@ static void test_multi(fm_pool *pool) {
     free(x);
 }
 
+/* The AVX2 kernel's pre-packed rows (fm_matrix_pack_q8_0): its bytes are the documented layout (per row, ng
+ * groups of 8 blocks as 8 pairs of int16 vectors, lane l of pair j = bytes 4j, 4j + 2 | 4j + 1, 4j + 3 of
+ * block 8g + l, then the ng x 8 f32 scales, zeros past the last block), and a packed matrix gives the
+ * unpacked one's results bit for bit for every T (and at every level: the others ignore it), through
+ * fm_matmul and fm_matmul_multi, with and without the pool. Shapes as test_batch_independence's. */
+static void check_packed_layout(const fm_matrix *w, const int8_t *p) {
+    const int64_t nb = w->cols / 32, ng = (nb + 7) / 8, prow = ng * (512 + 32);
+    int bad = 0;
+    for (int64_t r = 0; r < w->rows; r++) {
+        const fm_block_q8_0 *row = (const fm_block_q8_0 *)w->data + r * nb;
+        const int8_t *q = p + r * prow;
+        const float *d = (const float *)(q + ng * 512);
+        for (int64_t g = 0; g < ng; g++)
+            for (int l = 0; l < 8; l++) {
+                const int64_t b = g * 8 + l;
+                float ds;
+                memcpy(&ds, d + g * 8 + l, sizeof ds);
+                bad += ds != (b < nb ? fm_f16_to_f32(row[b].d) : 0.0f);
+                for (int j = 0; j < 8; j++) {
+                    int16_t v[4];
+                    memcpy(&v[0], q + g * 512 + 64 * j + 4 * l, 4);      /* bytes 4j, 4j + 2 */
+                    memcpy(&v[2], q + g * 512 + 64 * j + 32 + 4 * l, 4); /* bytes 4j + 1, 4j + 3 */
+                    static const int byte[4] = {0, 2, 1, 3};
+                    for (int i = 0; i < 4; i++) bad += v[i] != (b < nb ? row[b].qs[4 * j + byte[i]] : 0);
+                }
+            }
+    }
+    CHECK_MSG(bad == 0, "packed %lldx%lld: %d values differ from the Q8_0 rows", (long long)w->rows,
+              (long long)w->cols, bad);
+}
+
+static void test_prepacked(int64_t rows, int64_t cols, fm_pool *pool) {
+    enum { TMAX = 40 };
+    if (fm_cpu_isa_best() < FM_ISA_AVX2) {
+        printf("test_matmul: skipping pre-packed Q8_0 rows: no AVX2\n");
+        return;
+    }
+    fm_matrix w = {FM_DTYPE_Q8_0, rows, cols, make_weights(FM_DTYPE_Q8_0, rows, cols), NULL}, wp = w;
+    CHECK(fm_cpu_set_isa(FM_ISA_AVX2) == 0);
+    CHECK(fm_matrix_packed_bytes(&w, 8) == 0);
+    const size_t bytes = fm_matrix_packed_bytes(&w, 16);
+    CHECK(bytes == (size_t)rows * (size_t)((cols / 32 + 7) / 8) * (512 + 32));
+    CHECK(fm_matrix_packed_bytes(&w, 9) == bytes && fm_matrix_packed_bytes(&w, 40) == bytes);
+    void *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    fm_matrix_pack_q8_0(pool, &wp, 16, buf);
+    CHECK(wp.packed == buf && wp.data == w.data);
+    check_packed_layout(&w, buf);
+    reset_variant();
+    float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
+    float *bias = malloc(sizeof(float) * (size_t)rows);
+    float *ya = malloc(sizeof(float) * (size_t)(TMAX * rows)),
+          *yb = malloc(sizeof(float) * (size_t)(TMAX * rows));
+    for (int64_t i = 0; i < TMAX * cols; i++) x[i] = rng_uniform() * 3.0f;
+    for (int64_t r = 0; r < rows; r++) bias[r] = rng_uniform();
+    for (int v = 0; v < n_variants(); v++) {
+        const char *vname = set_variant(v);
+        for (int T = 1; T <= TMAX; T += T < 8 ? 7 : T < 18 ? 1 : 11) {
+            const int use_pool = T % 2;
+            for (int64_t i = 0; i < T * rows; i++) ya[i] = yb[i] = NAN;
+            fm_matmul(use_pool ? pool : NULL, &w, x, T, ya, bias);
+            fm_matmul(use_pool ? pool : NULL, &wp, x, T, yb, bias);
+            CHECK_MSG(memcmp(ya, yb, sizeof(float) * (size_t)(T * rows)) == 0,
+                      "pre-packed %s %lldx%lld T=%d pool=%d: results differ from the unpacked matrix", vname,
+                      (long long)rows, (long long)cols, T, use_pool);
+            const fm_matrix *pair[2] = {&wp, &w};
+            float *ys[2] = {yb, ya};
+            fm_matmul_multi(pool, pair, 2, x, T, ys);
+            CHECK_MSG(memcmp(ya, yb, sizeof(float) * (size_t)(T * rows)) == 0,
+                      "pre-packed %s %lldx%lld T=%d: fm_matmul_multi results differ", vname, (long long)rows,
+                      (long long)cols, T);
+        }
+    }
+    reset_variant();
+    free(buf);
+    free((void *)w.data);
+    free(x);
+    free(bias);
+    free(ya);
+    free(yb);
+}
+
 int main(void) {
     g_amx_default = fm_cpu_amx();
     test_isa_levels();
@@ -395,6 +478,8 @@ int main(void) {
     for (int dt = FM_DTYPE_F32; dt <= FM_DTYPE_BF16; dt++)
         test_batch_independence((fm_dtype)dt, 13, 100, pool);
     test_multi(pool);
+    for (size_t s = 0; s < sizeof bi_shapes / sizeof *bi_shapes; s++)
+        test_prepacked(bi_shapes[s][0], bi_shapes[s][1], pool);
     if (n_variants() > (int)fm_cpu_isa_best() + 1) {
         printf("test_matmul: the AMX kernel ran in %lu products\n", fm_mm_amx_calls());
         CHECK(fm_mm_amx_calls() > 0);

@@ -10,7 +10,11 @@
  * and never shrunk, so the hot path does not allocate. It holds the prepared activations (written by the
  * caller before the rows are handed out, then read-only) and one private slot per worker (the SIMD Q8_0
  * kernels pack weight rows there). Buffers are freed at thread exit (key destructor), at process exit for
- * the thread calling exit (atexit), or on demand (fm_matmul_scratch_release). */
+ * the thread calling exit (atexit), or on demand (fm_matmul_scratch_release).
+ *
+ * Pre-packed weights (fm_matrix_pack_q8_0): a matrix multiplied by many batches (the drafter's, 16 slots a
+ * draft) can keep its rows in the packing kernel's layout, made once by the family that would read it; the
+ * kernel then skips packing them. */
 #include "cpu/matmul.h"
 
 #include <pthread.h>
@@ -77,6 +81,11 @@ static fm_mm_table current_table(void) {
  * most half full and the VNNI row-pair path was as fast. */
 static int amx_batch(int T) {
     return (T >= 9 && T <= 16) || T >= 25;
+}
+
+/* The family that batches of T tokens take at the current level, or NULL (scalar level). */
+static const fm_mm_q8_family *q8_family(const fm_mm_table *tab, int T) {
+    return tab->q8_amx && amx_batch(T) ? tab->q8_amx : tab->q8;
 }
 
 static atomic_ulong g_amx_calls;
@@ -229,7 +238,7 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *c
     char *tls = NULL;
     size_t tls_stride = 0;
     if (dt == FM_DTYPE_Q8_0 && tab->q8) {
-        const fm_mm_q8_family *q8 = tab->q8_amx && amx_batch(T) ? tab->q8_amx : tab->q8;
+        const fm_mm_q8_family *q8 = q8_family(tab, T);
         if (q8 != tab->q8) atomic_fetch_add_explicit(&g_amx_calls, 1, memory_order_relaxed);
         const size_t abytes = align64(q8->act_bytes(T, cols));
         tls_stride = align64(q8->tls_bytes(T, cols));
@@ -328,6 +337,35 @@ int fm_matrix_check(const fm_matrix *w, char *err, size_t errlen) {
                             fm_dtype_name(w->dtype), (long long)w->cols, be);
     if (!w->data) return fm_set_error(err, errlen, "matmul: %s matrix has no data", fm_dtype_name(w->dtype));
     return 0;
+}
+
+/* ---- pre-packed weights ---- */
+
+size_t fm_matrix_packed_bytes(const fm_matrix *w, int T) {
+    fm_mm_table tab = current_table();
+    const fm_mm_q8_family *q8 = q8_family(&tab, T);
+    if (w->dtype != FM_DTYPE_Q8_0 || w->rows <= 0 || w->cols <= 0 || !q8 || !q8->pack_bytes) return 0;
+    return q8->pack_bytes(T, w->rows, w->cols);
+}
+
+typedef struct {
+    const fm_mm_q8_family *q8;
+    const fm_matrix *w;
+    void *dst;
+} pack_job;
+
+static void pack_task(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const pack_job *j = ctx;
+    j->q8->pack_rows(j->w, begin, end, j->dst);
+}
+
+void fm_matrix_pack_q8_0(fm_pool *pool, fm_matrix *w, int T, void *dst) {
+    if (!fm_matrix_packed_bytes(w, T)) return;
+    fm_mm_table tab = current_table();
+    pack_job j = {q8_family(&tab, T), w, dst};
+    fm_pool_for(pool, w->rows, 64, pack_task, &j);
+    w->packed = dst;
 }
 
 void fm_matrix_row_f32(const fm_matrix *w, int64_t row, float *out) {

@@ -11,11 +11,14 @@
 #include "core/dtype.h"
 #include "core/threadpool.h"
 
-/* A read-only row-major matrix [rows][cols] in one weight type (a GGUF or safetensors tensor in place). */
+/* A read-only row-major matrix [rows][cols] in one weight type (a GGUF or safetensors tensor in place).
+ * packed: NULL, or (Q8_0 only) the same rows already in the layout the AVX2 kernel's batches read
+ * (fm_matrix_pack_q8_0), which then skip widening them; data stays the matrix for every other kernel. */
 typedef struct {
     fm_dtype dtype;
     int64_t rows, cols;
     const void *data;
+    const void *packed;
 } fm_matrix;
 
 /* Checks what fm_matmul assumes: a known dtype, rows/cols > 0, cols a multiple of the block size
@@ -33,6 +36,15 @@ void fm_matmul(fm_pool *pool, const fm_matrix *w, const float *x, int T, float *
  * they run as separate fm_matmul calls. No biases. */
 void fm_matmul_multi(fm_pool *pool, const fm_matrix *const *ws, int n, const float *x, int T,
                      float *const *ys);
+
+/* Bytes of a pre-packed copy of w that batches of T tokens would read at the current ISA level: the AVX2
+ * Q8_0 kernel's int16 rows (about twice the Q8_0 bytes) from 9 tokens; 0 where they would read w->data as
+ * it is (other dtypes, fewer tokens, the AVX-512 VNNI and AMX kernels, the scalar level). */
+size_t fm_matrix_packed_bytes(const fm_matrix *w, int T);
+/* Fills dst (fm_matrix_packed_bytes(w, T) bytes, 64-byte aligned, owned by the caller and kept while w is
+ * used) with w's rows pre-packed and points w->packed at it; results stay bit for bit those of the unpacked
+ * matrix. Does nothing when fm_matrix_packed_bytes(w, T) is 0. pool may be NULL. */
+void fm_matrix_pack_q8_0(fm_pool *pool, fm_matrix *w, int T, void *dst);
 
 /* out[k] = W[row][k] as f32 (token-table lookups, uniform_embeds). */
 void fm_matrix_row_f32(const fm_matrix *w, int64_t row, float *out);

@@ -43,12 +43,18 @@ typedef void (*fm_mm_kernel)(const fm_matrix *w, const fm_mm_act *a, float *y, c
 typedef void (*fm_mm_quant_fn)(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
 
 /* What the dispatcher needs to run a SIMD Q8_0 kernel: the activation preparation (into a workspace of
- * act_bytes(T, cols), filling a->ng, xr, xs and xc) and each worker's scratch size. */
+ * act_bytes(T, cols), filling a->ng, xr, xs and xc) and each worker's scratch size. pack_bytes/pack_rows
+ * (NULL where the family reads the Q8_0 blocks as they are): the bytes of a matrix pre-packed for batches
+ * of T tokens (0: those batches would not read it), and the packing of rows [r0, r1) into dst (the whole
+ * matrix's buffer), which the kernel then reads through w->packed. Only the AVX2 family packs, so a packed
+ * matrix stays valid at every level: the others ignore w->packed. */
 typedef struct {
     size_t (*act_bytes)(int T, int64_t cols);
     void (*act_prep)(const float *x, int T, int64_t cols, void *ws, fm_mm_act *a);
     size_t (*tls_bytes)(int T, int64_t cols);
     fm_mm_kernel kern;
+    size_t (*pack_bytes)(int T, int64_t rows, int64_t cols);
+    void (*pack_rows)(const fm_matrix *w, int64_t r0, int64_t r1, void *dst);
 } fm_mm_q8_family;
 
 void fm_mm_f32_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,

@@ -19,7 +19,9 @@
  *   the tiles, so memory and arithmetic overlap. Measured on Zen 3 (2 madd + 2 add per block-token run at
  *   ~3.2 vector ops per cycle): ~1.45 cycles per (block, token) in L1 with 2 x 4 tiles, against ~1.9 for the
  *   direct path's arithmetic; 3 x 4 tiles took ~7 % less time at 256 tokens (user time, interleaved runs on
- *   this noisy VM).
+ *   this noisy VM). A matrix may carry its rows already packed (w->packed, q8_pack_rows: per row its ng
+ *   int16 groups, then its ng x 8 f32 scales: the bytes a chunk's scratch holds for it); the chunks then
+ *   read them from there (twice the Q8_0 bytes) instead of widening them.
  *
  * Both paths run the same f32 operations for a (row, token) whatever T, the tile, the chunk or the worker:
  * acc = fma(float(isum_g), d_w,g * d_x,g, acc) for the groups g in order, then hsum256(acc). So the rows of a
@@ -36,6 +38,7 @@ enum {
     Q8_PACK_MIN_T = 9,        /* batches of this size and more take the packed path */
     Q8_PREFETCH = 1536,       /* bytes ahead of its reads that a row stream prefetches */
     Q8_PACK_L2 = 256 << 10,   /* packed rows per chunk: as many as fit in this much of the L2 */
+    Q8_PRE_L2 = 80 << 10,     /* the same for pre-packed rows (w->packed), read from memory */
     Q8_SEG_GROUPS = 12,       /* groups per segment of a row (<= 24 KB of a 4-token tile's activations) */
 };
 
@@ -231,16 +234,18 @@ FM_INLINE void q8_pack_group(const fm_block_q8_0 *wb, int m, int8_t *q, float *d
 }
 
 /* Rows packed per chunk: as many as fit in Q8_PACK_L2 (each token tile's activations are then reused from L1
- * by all of them), a multiple of the tiles' 3 rows. */
-static int64_t q8_chunk_rows(int64_t cols) {
+ * by all of them), a multiple of the tiles' 3 rows. Pre-packed rows (pre) go in smaller chunks: the next
+ * chunk prefetched into L2 is then as large as the current one, not half of it (both of 256 KB filled this
+ * Zen 3's 512 KB L2: drafts took ~5 % longer than with chunks of a third of that). */
+static int64_t q8_chunk_rows(int64_t cols, int pre) {
     const int64_t per_row = q8_groups(cols) * (GROUP16 + G8 * (int64_t)sizeof(float));
-    const int64_t n = Q8_PACK_L2 / per_row;
+    const int64_t n = (pre ? Q8_PRE_L2 : Q8_PACK_L2) / per_row;
     return n < 3 ? 3 : n > 30 ? 30 : n - n % 3;
 }
 
 static size_t q8_tls_bytes(int T, int64_t cols) {
     if (!q8_packed(T)) return 0;
-    const size_t rc = (size_t)q8_chunk_rows(cols);
+    const size_t rc = (size_t)q8_chunk_rows(cols, 0); /* the larger chunk: a matrix may be pre-packed */
     return rc * (size_t)q8_groups(cols) * (GROUP16 + G8 * sizeof(float)) + rc * 4 * G8 * sizeof(float);
 }
 
@@ -250,6 +255,24 @@ static void q8_pack_row(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, int8_t 
 #pragma GCC unroll 5
         for (int i = 0; i < 5; i++) _mm_prefetch((const char *)wb + Q8_PREFETCH + 64 * i, _MM_HINT_T0);
         q8_pack_group(wb, nb - g * G8 < G8 ? (int)(nb - g * G8) : G8, q, d);
+    }
+}
+
+/* Bytes of a pre-packed row: ng int16 groups, then ng x 8 f32 scales (32-byte aligned at a 64-byte base). */
+static int64_t q8_prow_bytes(int64_t cols) {
+    return q8_groups(cols) * (GROUP16 + G8 * (int64_t)sizeof(float));
+}
+
+static size_t q8_pack_bytes(int T, int64_t rows, int64_t cols) {
+    return q8_packed(T) ? (size_t)rows * (size_t)q8_prow_bytes(cols) : 0;
+}
+
+/* Rows [r0, r1) of w into dst [rows][q8_prow_bytes]: the same bytes q8_packed_rows writes to its scratch. */
+static void q8_pack_rows(const fm_matrix *w, int64_t r0, int64_t r1, void *dst) {
+    const int64_t nb = w->cols / FM_QK8_0, ng = q8_groups(w->cols), prow = q8_prow_bytes(w->cols);
+    for (int64_t r = r0; r < r1; r++) {
+        int8_t *q = (int8_t *)dst + r * prow;
+        q8_pack_row((const fm_block_q8_0 *)w->data + r * nb, nb, ng, q, (float *)(q + ng * GROUP16));
     }
 }
 
@@ -364,28 +387,39 @@ static void q8_tile_any(const int8_t *wq, const float *wd, int64_t rq, int64_t r
     }
 }
 
-/* Rows [r0, r1) by chunks: pack the chunk's rows (their only pass over memory), then, for each 4-token tile,
- * run the chunk's rows three at a time over segments of Q8_SEG_GROUPS groups (the tile's activations for a
- * segment stay in L1 while all the chunk's rows pass; the accumulators wait in the scratch), while the next
- * chunk is prefetched. */
+/* Rows [r0, r1) by chunks: pack the chunk's rows (their only pass over memory; or take them pre-packed from
+ * w->packed), then, for each 4-token tile, run the chunk's rows three at a time over segments of
+ * Q8_SEG_GROUPS groups (the tile's activations for a segment stay in L1 while all the chunk's rows pass; the
+ * accumulators wait in the scratch), while the next chunk is prefetched. */
 static void q8_packed_rows(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                            int64_t r1, void *tls) {
-    const int64_t nb = w->cols / FM_QK8_0, ng = a->ng, rc_max = q8_chunk_rows(w->cols);
-    const int64_t rq = ng * GROUP16, rd = ng * G8, row_bytes = nb * (int64_t)sizeof(fm_block_q8_0);
+    const int8_t *pre = w->packed; /* [rows][prow] or NULL */
+    const int64_t nb = w->cols / FM_QK8_0, ng = a->ng, rc_max = q8_chunk_rows(w->cols, pre != NULL);
+    const int64_t prow = q8_prow_bytes(w->cols);
+    /* Row strides: scratch [rc_max][ng][16 vectors] then [rc_max][ng][8]; pre-packed rows, prow. */
+    const int64_t rq = pre ? prow : ng * GROUP16, rd = pre ? prow / (int64_t)sizeof(float) : ng * G8;
+    /* The stream the next chunk is prefetched from: whichever one the rows are read from. */
+    const char *sbase = pre ? (const char *)pre : (const char *)w->data;
+    const int64_t row_bytes = nb * (int64_t)sizeof(fm_block_q8_0), srow = pre ? prow : row_bytes;
     const int64_t nseg = (ng + Q8_SEG_GROUPS - 1) / Q8_SEG_GROUPS, seg = (ng + nseg - 1) / nseg;
     int8_t *pq = tls;
-    float *pd = (float *)(pq + rc_max * rq);
-    float *accbuf = pd + rc_max * rd; /* [rc_max][4][8] */
-    const char *wbase = w->data;
+    float *pd = (float *)(pq + rc_max * ng * GROUP16);
+    float *accbuf = pd + rc_max * ng * G8; /* [rc_max][4][8] */
     for (int64_t rc = r0; rc < r1; rc += rc_max) {
         const int64_t n = r1 - rc < rc_max ? r1 - rc : rc_max;
-        for (int64_t i = 0; i < n; i++)
-            q8_pack_row((const fm_block_q8_0 *)(wbase + (rc + i) * row_bytes), nb, ng, pq + i * rq,
-                        pd + i * rd);
+        const int8_t *cq = pq; /* the chunk's first row: groups, scales */
+        const float *cd = pd;
+        if (pre) {
+            cq = pre + rc * prow;
+            cd = (const float *)(cq + ng * GROUP16);
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                q8_pack_row((const fm_block_q8_0 *)w->data + (rc + i) * nb, nb, ng, pq + i * rq, pd + i * rd);
+        }
         /* The rows after this chunk (past r1 too: likely this worker's next chunk), spread over its tiles. */
         const int64_t next_end = rc + n + rc_max < w->rows ? rc + n + rc_max : w->rows;
         const int64_t tiles = (int64_t)((a->T + 3) / 4) * ((n + 2) / 3) * ng;
-        q8_prefetch pf = {wbase + (rc + n) * row_bytes, wbase + next_end * row_bytes, 0};
+        q8_prefetch pf = {sbase + (rc + n) * srow, sbase + next_end * srow, 0};
         pf.per_group = (int)(((pf.end - pf.p) / 64 + tiles - 1) / tiles);
         for (int t0 = 0; t0 < a->T; t0 += 4) {
             const int tt = a->T - t0 < 4 ? a->T - t0 : 4;
@@ -394,7 +428,7 @@ static void q8_packed_rows(const fm_matrix *w, const fm_mm_act *a, float *y, con
                 for (int64_t i = 0; i < n; i += 3) {
                     const int R = n - i < 3 ? (int)(n - i) : 3;
                     float out[3][4];
-                    q8_tile_any(pq + i * rq, pd + i * rd, rq, rd, a, t0, g0, g1, accbuf + i * 32, R, tt, out,
+                    q8_tile_any(cq + i * rq, cd + i * rd, rq, rd, a, t0, g0, g1, accbuf + i * 32, R, tt, out,
                                 &pf);
                     if (g1 == ng)
                         for (int r = 0; r < R; r++)
@@ -419,4 +453,6 @@ const fm_mm_q8_family fm_q8_family_avx2 = {
     .act_prep = q8_act_prep,
     .tls_bytes = q8_tls_bytes,
     .kern = q8_kernel,
+    .pack_bytes = q8_pack_bytes,
+    .pack_rows = q8_pack_rows,
 };

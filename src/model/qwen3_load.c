@@ -54,7 +54,7 @@ static int bind_vector(const gguf_file *f, const char *name, int64_t n, float **
                             gguf_path(f), name, t->ggml_type);
     float *v = malloc((size_t)n * sizeof *v);
     if (!v) return fm_set_error(err, errlen, "out of memory");
-    fm_matrix m = {t->dtype, 1, n, t->data};
+    fm_matrix m = {t->dtype, 1, n, t->data, NULL};
     fm_matrix_row_f32(&m, 0, v);
     *out = v;
     return 0;
