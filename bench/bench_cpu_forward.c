@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
     if (!pool || synth_pair(argv[1], tpath, dpath, err, sizeof err) ||
         qwen3_model_load(tpath, &m, err, sizeof err) ||
         fm_drafter_load(dpath, m, NULL, 1024, &d, err, sizeof err) ||
-        fm_drafter_quantize_q8_0(d, pool, err, sizeof err))
+        fm_drafter_quantize_q8_0(d, pool, err, sizeof err) || fm_drafter_pack_q8_0(d, pool, err, sizeof err))
         goto fail;
     const int resident = qwen3_model_make_resident(m, pool);
     int n_cap;

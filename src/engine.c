@@ -50,10 +50,12 @@ static int choose_device(fm_engine *e, fm_device device, char *err, size_t errle
 }
 
 /* Both backends draft on a Q8_0 copy unless told to keep the stored type (the CUDA backend uploads whichever
- * the matrices hold; on the H200 the Q8_0 draft is ~14 % faster, bench/RESULTS.md). */
+ * the matrices hold; on the H200 the Q8_0 draft is ~14 % faster, bench/RESULTS.md). The CPU's also keeps
+ * the draft matrices pre-packed where its batch kernel would widen them at every draft. */
 static int prepare_drafter_weights(fm_engine *e, fm_draft_weights w, char *err, size_t errlen) {
     if (w == FM_DRAFT_WEIGHTS_STORED) return 0;
-    return fm_drafter_quantize_q8_0(e->drafter, e->pool, err, errlen);
+    if (fm_drafter_quantize_q8_0(e->drafter, e->pool, err, errlen)) return -1;
+    return e->use_cuda ? 0 : fm_drafter_pack_q8_0(e->drafter, e->pool, err, errlen);
 }
 
 int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t errlen) {

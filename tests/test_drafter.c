@@ -3,7 +3,8 @@
  * Each fixture names the `flashmap synth` arguments of a tiny target + drafter pair; the test synthesizes
  * them again (checking the sha256 the fixture recorded, so a changed synthesizer is reported as such), feeds
  * the fixture's feature rows, drafts, and compares: drafts exactly (a near-tie slot may take either of the
- * reference's top two), head outputs within the fixture's tolerance. */
+ * reference's top two), head outputs within the fixture's tolerance. The Q8_0 copy is checked also
+ * pre-packed (fm_drafter_pack_q8_0): the same drafts and head outputs bit for bit. */
 #include <cjson/cJSON.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "cpu/cpu_features.h"
 #include "drafter/flashmap_drafter.h"
 #include "io/safetensors.h"
 #include "io/sha256.h"
@@ -108,6 +110,17 @@ static void check_fixture(const char *fixture_path, fm_pool *pool, int quantize)
         rc = fm_drafter_quantize_q8_0(d, pool, err, sizeof err);
         CHECK(rc || fm_drafter_matrix_type(d) == FM_DTYPE_Q8_0);
     }
+    /* The same Q8_0 drafter with its draft matrices pre-packed for the CPU kernel (where this CPU's kernel
+     * for the block's batches packs): every draft and head output equal bit for bit. */
+    fm_drafter *dp = NULL;
+    if (!rc && quantize) {
+        rc = fm_drafter_load(dir, target, NULL, 64, &dp, err, sizeof err);
+        if (!rc) rc = fm_drafter_quantize_q8_0(dp, pool, err, sizeof err);
+        if (!rc) rc = fm_drafter_pack_q8_0(dp, pool, err, sizeof err);
+        if (!rc && fm_cpu_isa_best() == FM_ISA_AVX2 && fm_drafter_block(dp) >= 9)
+            CHECK_MSG(fm_drafter_packed_bytes(dp) > 0, "%s: the AVX2 level packed nothing", name);
+        printf("%s q8_0: %zu bytes pre-packed\n", name, rc ? (size_t)0 : fm_drafter_packed_bytes(dp));
+    }
     CHECK_MSG(rc == 0, "%s: %s", name, err);
     if (rc || !synth_ok) goto done;
     int slots = 0, agree = 0;
@@ -159,6 +172,17 @@ static void check_fixture(const char *fixture_path, fm_pool *pool, int quantize)
                           out[k], want);
             }
         }
+        if (dp) {
+            int32_t outp[FM_DRAFTER_MAX_BLOCK];
+            CHECK(fm_drafter_extend_context(dp, pool, feats + (size_t)(used - n) * F, n, used - n, err,
+                                            sizeof err) == 0);
+            CHECK_MSG(fm_drafter_draft(dp, pool, anchor, used, K, outp, err, sizeof err) == 0, "%s", err);
+            CHECK_MSG(memcmp(outp, out, sizeof(int32_t) * (size_t)K) == 0 &&
+                          memcmp(fm_drafter_last_head(dp), fm_drafter_last_head(d),
+                                 sizeof(float) * (size_t)K * (size_t)H) == 0,
+                      "%s round %d: the pre-packed drafter's draft differs from the unpacked one's", name,
+                      round);
+        }
         const float *head = fm_drafter_last_head(d);
         const cJSON *hj = cJSON_GetObjectItem(r, "head");
         double tol = cJSON_GetObjectItem(r, "head_tol")->valuedouble, worst = 0, d2 = 0, r2 = 0;
@@ -193,6 +217,7 @@ static void check_fixture(const char *fixture_path, fm_pool *pool, int quantize)
     }
     free(feats);
 done:
+    fm_drafter_free(dp);
     fm_drafter_free(d);
     qwen3_model_free(target);
     cJSON_Delete(fx);

@@ -421,7 +421,8 @@ void fm_drafter_free(fm_drafter *d) {
                  d->v,           d->att,         d->y,
                  d->u,           d->tmp_feat,    d->head_out,
                  d->logits,      d->rope_cos,    d->rope_sin,
-                 d->inv_freq,    d->scores,      d->q8_data};
+                 d->inv_freq,    d->scores,      d->q8_data,
+                 d->q8_packed};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     st_close(d->st);
     free(d);

@@ -5,7 +5,8 @@
  * checks every token), so rounding the drafter's weights changes how many drafts are accepted, never the
  * output: bench/RESULTS.md records how often Q8_0 drafts equal BF16 drafts. Rows are quantised as ggml
  * quantises weights (per 32 values: d = amax / 127, q = round(x / d)), which is what fm_quantize_row_q8_0
- * does. */
+ * does. fm_drafter_pack_q8_0 then keeps the rows a draft's batches read also pre-packed for the CPU kernel
+ * that would otherwise widen them at every call (matmul.h, fm_matrix_pack_q8_0). */
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -82,6 +83,50 @@ int fm_drafter_quantize_q8_0(fm_drafter *d, fm_pool *pool, char *err, size_t err
     free(m);
     d->q8_data = buf;
     return 0;
+}
+
+/* The matrices a draft multiplies by all `block` slots (the context's fc, cross k/v and anchor_proj take
+ * other batch sizes; the head takes n_out slots, packed for the full block). */
+static int list_draft_matrices(fm_drafter *d, fm_matrix **m) {
+    int n = 0;
+    m[n++] = &d->head;
+    for (int l = 0; l < d->hp.n_layers; l++) {
+        fmd_layer *L = &d->layers[l];
+        fm_matrix *per[] = {&L->self.q,  &L->self.k,  &L->self.v, &L->self.o,
+                            &L->cross.q, &L->cross.o, &L->fc1,    &L->fc2};
+        for (size_t i = 0; i < sizeof per / sizeof per[0]; i++) m[n++] = per[i];
+    }
+    return n;
+}
+
+int fm_drafter_pack_q8_0(fm_drafter *d, fm_pool *pool, char *err, size_t errlen) {
+    if (d->q8_packed) return 0;
+    fm_matrix **m = malloc((size_t)(1 + 8 * d->hp.n_layers) * sizeof *m);
+    if (!m) return fm_set_error(err, errlen, "drafter: out of memory");
+    const int n = list_draft_matrices(d, m), T = d->hp.block;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (fm_matrix_packed_bytes(m[i], T) + 63) & ~(size_t)63;
+    char *buf = total ? aligned_alloc(64, total) : NULL;
+    if (total && !buf) {
+        free(m);
+        return fm_set_error(err, errlen, "drafter: out of memory for %.0f MB of pre-packed Q8_0 rows",
+                            total / 1e6);
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t bytes = fm_matrix_packed_bytes(m[i], T);
+        if (!bytes) continue;
+        fm_matrix_pack_q8_0(pool, m[i], T, buf + off);
+        off += (bytes + 63) & ~(size_t)63;
+    }
+    free(m);
+    d->q8_packed = buf;
+    d->q8_packed_bytes = total;
+    return 0;
+}
+
+size_t fm_drafter_packed_bytes(const fm_drafter *d) {
+    return d->q8_packed_bytes;
 }
 
 fm_dtype fm_drafter_matrix_type(const fm_drafter *d) {
