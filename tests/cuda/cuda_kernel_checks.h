@@ -277,10 +277,17 @@ static void kc_run_all(void) {
     kc_check_attention(8, 32, 8, 128, 4990, 1, 35);  /* the long form's 32-query blocks */
     kc_check_attention(16, 32, 8, 128, 4100, 1, 36); /* its 64-query blocks, 3 splits for some */
     kc_check_attention(17, 32, 8, 128, 4500, 1, 37); /* past the long form: 68 queries */
-    kc_check_attention(8, 32, 8, 128, 60, 1, 19);    /* rows cross the 64-key boundary */
-    kc_check_attention(17, 32, 8, 128, 511, 1, 20);  /* first row at a split's last key */
-    kc_check_attention(40, 32, 8, 128, 90, 1, 21);   /* 40 rows: two row groups of 32 */
-    kc_check_attention(64, 32, 8, 128, 90, 1, 27);   /* the split kernel's longest launch */
+    /* longer contexts: 141 splits (the long form's blocks take 2 or 3), rows crossing 8192 keys, verify
+     * blocks and a prompt chunk across 4096 keys, the drafter's cross-attention over 9001 keys */
+    kc_check_attention(1, 32, 8, 128, 9000, 1, 38);
+    kc_check_attention(8, 32, 8, 128, 8187, 1, 39);
+    kc_check_attention(17, 32, 8, 128, 4350, 1, 40);
+    kc_check_attention(100, 32, 8, 128, 4040, 1, 41);
+    kc_check_attention(16, 16, 16, 128, 9000, 0, 42);
+    kc_check_attention(8, 32, 8, 128, 60, 1, 19);   /* rows cross the 64-key boundary */
+    kc_check_attention(17, 32, 8, 128, 511, 1, 20); /* first row at a split's last key */
+    kc_check_attention(40, 32, 8, 128, 90, 1, 21);  /* 40 rows: two row groups of 32 */
+    kc_check_attention(64, 32, 8, 128, 90, 1, 27);  /* the split kernel's longest launch */
     /* prefill chunks (the one-pass kernel from 65 rows): partial row groups, many splits, masks inside a
      * split; every row == a 1-row launch on the split kernel */
     kc_check_attention(130, 32, 8, 128, 700, 1, 28);
