@@ -421,8 +421,11 @@ static void q8_packed_rows(const fm_matrix *w, const fm_mm_act *a, float *y, con
         const int64_t tiles = (int64_t)((a->T + 3) / 4) * ((n + 2) / 3) * ng;
         q8_prefetch pf = {sbase + (rc + n) * srow, sbase + next_end * srow, 0};
         pf.per_group = (int)(((pf.end - pf.p) / 64 + tiles - 1) / tiles);
-        for (int t0 = 0; t0 < a->T; t0 += 4) {
-            const int tt = a->T - t0 < 4 ? a->T - t0 : 4;
+        /* Tokens in tiles of sizes as equal as 4 allows (18 = 4 + 4 + 4 + 3 + 3, not 4 x 4 + 2): verify(17)'s
+         * products 1-2 % faster (bench_kernels, three alternations), 9 tokens unchanged */
+        const int nt = (a->T + 3) / 4;
+        for (int k = 0, t0 = 0; k < nt; k++) {
+            const int tt = a->T / nt + (k < a->T % nt);
             for (int64_t g0 = 0; g0 < ng; g0 += seg) {
                 const int64_t g1 = g0 + seg < ng ? g0 + seg : ng;
                 for (int64_t i = 0; i < n; i += 3) {
@@ -436,6 +439,7 @@ static void q8_packed_rows(const fm_matrix *w, const fm_mm_act *a, float *y, con
                                 fm_mm_store(w, y, bias, rc + i + r, t0 + t, out[r][t]);
                 }
             }
+            t0 += tt;
         }
     }
 }
