@@ -116,6 +116,9 @@ static void test_corrupt(void) {
     CHECK(f == NULL && strstr(err, "exceeds the file"));
     f = st_open_memory(buf, 5, "short.safetensors", err, sizeof err);
     CHECK(f == NULL && strstr(err, "too short"));
+    memcpy(buf, "GGUF\3\0\0\0", 8); /* a GGUF where safetensors are expected */
+    f = st_open_memory(buf, sizeof buf, "model.gguf", err, sizeof err);
+    CHECK(f == NULL && strstr(err, "model.gguf: a GGUF file, not safetensors"));
 
     expect_fail("{\"a\":", 0, "not a JSON object");
     expect_fail("[1,2]", 0, "not a JSON object");

@@ -168,6 +168,9 @@ static int st_parse(st_file *f, const uint8_t *img, size_t size, char *err, size
     const char *path = f->path;
     if (size < 8)
         return fm_set_error(err, errlen, "%s: %zu bytes, too short for a safetensors header", path, size);
+    /* A GGUF given where safetensors are expected (the target as -d) would otherwise read as a header length
+     * of ~14 GB */
+    if (!memcmp(img, "GGUF", 4)) return fm_set_error(err, errlen, "%s: a GGUF file, not safetensors", path);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | img[i];
     if (hlen > ST_MAX_HEADER_BYTES)
