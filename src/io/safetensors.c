@@ -174,8 +174,11 @@ static int st_parse(st_file *f, const uint8_t *img, size_t size, char *err, size
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | img[i];
     if (hlen > ST_MAX_HEADER_BYTES)
-        return fm_set_error(err, errlen, "%s: header length %llu exceeds the limit of %u bytes", path,
-                            (unsigned long long)hlen, ST_MAX_HEADER_BYTES);
+        return fm_set_error(
+            err, errlen,
+            "%s: not a safetensors file (its first 8 bytes give a header length of %llu, more "
+            "than the %u allowed)",
+            path, (unsigned long long)hlen, ST_MAX_HEADER_BYTES);
     if (hlen > size - 8)
         return fm_set_error(err, errlen,
                             "%s: header length %llu exceeds the file (%zu bytes after the length)", path,
