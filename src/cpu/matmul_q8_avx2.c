@@ -8,7 +8,8 @@
  *
  * Two integer paths give the same 8 block sums (integer sums are exact in any order):
  * - direct (T < Q8_PACK_MIN_T: decode steps, short batches; memory bound): each row's blocks are interleaved
- *   in registers as they stream in, again for each tile of 4 tokens (the row is in L1 by then); per 32 bytes,
+ *   in registers as they stream in, once per tile of up to 8 tokens (every batch it takes: with tiles of 4, a
+ *   second interleave of the row cost T = 5..8 0.3-0.5 ms of 9728x2560's 1.7-2.4); per 32 bytes,
  *   |w| * sign(x, w) by vpmaddubsw (pairs exact in int16: x is never -128) widened by vpmaddwd with ones.
  * - packed (verify blocks, prefill; compute bound): a chunk of rows is widened once per call to int16 pairs
  *   in the worker's scratch (per 4-byte lane b0 b1 b2 b3: (b0, b2) and (b1, b3), sign-extended by shifts),
@@ -147,15 +148,15 @@ static void q8_act_prep(const float *x, int T, int64_t cols, void *ws, fm_mm_act
 
 /* ---- direct path: T < Q8_PACK_MIN_T ---- */
 
-/* One row x TT tokens (1..4) from t0. */
+/* One row x TT tokens (1..8) from t0. */
 FM_INLINE void q8_direct_tile(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, const fm_mm_act *a, int t0,
-                              const int TT, float out[4]) {
+                              const int TT, float out[8]) {
     const int64_t xq_stride = ng * GROUP8, xs_stride = ng * G8;
     const int8_t *xr = a->xr + t0 * xq_stride;
     const float *xs = a->xs + t0 * xs_stride;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4];
-#pragma GCC unroll 4
+    __m256 acc[8];
+#pragma GCC unroll 8
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++, wb += G8, xr += GROUP8, xs += G8) {
 #pragma GCC unroll 5
@@ -163,13 +164,13 @@ FM_INLINE void q8_direct_tile(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, c
         const int m = nb - g * G8 < G8 ? (int)(nb - g * G8) : G8;
         __m256i v[8];
         q8_interleave(wb, m, v);
-        __m256i ia[4];
-#pragma GCC unroll 4
+        __m256i ia[8];
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) ia[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int j = 0; j < FM_Q8_VECS; j++) {
             const __m256i aw = _mm256_abs_epi8(v[j]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < TT; t++) {
                 const __m256i x = _mm256_load_si256((const __m256i *)(xr + t * xq_stride + 32 * j));
                 const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, v[j]));
@@ -178,27 +179,41 @@ FM_INLINE void q8_direct_tile(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, c
             }
         }
         const __m256 dw = q8_scales(wb, m);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             const __m256 s = _mm256_mul_ps(dw, _mm256_load_ps(xs + t * xs_stride));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), s, acc[t]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < TT; t++) out[t] = hsum256(acc[t]);
 }
 
-/* Rows one at a time, tiles of up to 4 tokens: the first tile reads the row from memory, the others from
- * L1 (the row is interleaved again for each tile: cheaper than storing it at these batch sizes). */
+/* Rows one at a time, tiles of up to 8 tokens (so one tile for every batch below Q8_PACK_MIN_T): the row is
+ * read from memory and interleaved once. With 8 tokens the integer sums, scaled sums and an interleaved
+ * group outnumber the 16 registers and the compiler keeps some in L1; still, against tiles of 4
+ * (bench_kernels, 2 threads, 9728x2560): T = 5 1.75 -> 1.45 ms, T = 8 2.38 -> 2.05 ms, T = 4 unchanged. */
 static void q8_direct(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                       int64_t r1) {
     const int64_t nb = w->cols / FM_QK8_0;
     for (int64_t r = r0; r < r1; r++) {
         const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-        for (int t0 = 0; t0 < a->T; t0 += 4) {
-            float out[4];
-            const int tt = a->T - t0 < 4 ? a->T - t0 : 4;
+        for (int t0 = 0; t0 < a->T; t0 += 8) {
+            float out[8];
+            const int tt = a->T - t0 < 8 ? a->T - t0 : 8;
             switch (tt) {
+            case 8:
+                q8_direct_tile(wb, nb, a->ng, a, t0, 8, out);
+                break;
+            case 7:
+                q8_direct_tile(wb, nb, a->ng, a, t0, 7, out);
+                break;
+            case 6:
+                q8_direct_tile(wb, nb, a->ng, a, t0, 6, out);
+                break;
+            case 5:
+                q8_direct_tile(wb, nb, a->ng, a, t0, 5, out);
+                break;
             case 4:
                 q8_direct_tile(wb, nb, a->ng, a, t0, 4, out);
                 break;
