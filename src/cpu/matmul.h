@@ -38,7 +38,7 @@ void fm_matmul_multi(fm_pool *pool, const fm_matrix *const *ws, int n, const flo
                      float *const *ys);
 
 /* Bytes of a pre-packed copy of w that batches of T tokens would read at the current ISA level: the AVX2
- * Q8_0 kernel's int16 rows (about twice the Q8_0 bytes) from 9 tokens; 0 where they would read w->data as
+ * Q8_0 kernel's int16 rows (about twice the Q8_0 bytes) from 10 tokens; 0 where they would read w->data as
  * it is (other dtypes, fewer tokens, the AVX-512 VNNI and AMX kernels, the scalar level). */
 size_t fm_matrix_packed_bytes(const fm_matrix *w, int T);
 /* Fills dst (fm_matrix_packed_bytes(w, T) bytes, 64-byte aligned, owned by the caller and kept while w is

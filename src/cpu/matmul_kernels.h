@@ -25,7 +25,7 @@ typedef struct {
     const fm_block_q8_0 *xq; /* [cols / 32][T] Q8_0 activations, block-major */
     /* Q8_0 weights, SIMD kernels (interleaved layout above): */
     int64_t ng;        /* groups per row: ceil(cols / 32 / G) */
-    const int8_t *xr;  /* [T][ng][8][4 G] interleaved activations (AVX2 batches of 9+ tokens: [T][ng][16][32]
+    const int8_t *xr;  /* [T][ng][8][4 G] interleaved activations (AVX2 batches of 10+ tokens: [T][ng][16][32]
                           int16 pairs, see matmul_q8_avx2.c) */
     const float *xs;   /* [T][ng][G] f32 value of each block's f16 scale; 0 in the padding */
     const int32_t *xc; /* [T][ng][G] 128 * (sum of the block's int8 values): the VNNI kernel's correction */

@@ -8,7 +8,7 @@
  *
  * Two integer paths give the same 8 block sums (integer sums are exact in any order):
  * - direct (T < Q8_PACK_MIN_T: decode steps, short batches; memory bound): each row's blocks are interleaved
- *   in registers as they stream in, once per tile of up to 8 tokens (every batch it takes: with tiles of 4, a
+ *   in registers as they stream in, once per tile of up to 9 tokens (every batch it takes: with tiles of 4, a
  *   second interleave of the row cost T = 5..8 0.3-0.5 ms of 9728x2560's 1.7-2.4); per 32 bytes,
  *   |w| * sign(x, w) by vpmaddubsw (pairs exact in int16: x is never -128) widened by vpmaddwd with ones.
  * - packed (verify blocks, prefill; compute bound): a chunk of rows is widened once per call to int16 pairs
@@ -36,7 +36,7 @@ enum {
     G8 = 8,                   /* blocks per group */
     GROUP8 = FM_Q8_VECS * 32, /* bytes of an int8 group */
     GROUP16 = 2 * GROUP8,     /* bytes of an int16 group */
-    Q8_PACK_MIN_T = 9,        /* batches of this size and more take the packed path */
+    Q8_PACK_MIN_T = 10,       /* batches of this size and more take the packed path */
     Q8_PREFETCH = 1536,       /* bytes ahead of its reads that a row stream prefetches */
     Q8_PACK_L2 = 256 << 10,   /* packed rows per chunk: as many as fit in this much of the L2 */
     Q8_PRE_L2 = 80 << 10,     /* the same for pre-packed rows (w->packed), read from memory */
@@ -148,15 +148,15 @@ static void q8_act_prep(const float *x, int T, int64_t cols, void *ws, fm_mm_act
 
 /* ---- direct path: T < Q8_PACK_MIN_T ---- */
 
-/* One row x TT tokens (1..8) from t0. */
+/* One row x TT tokens (1..9) from t0. */
 FM_INLINE void q8_direct_tile(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, const fm_mm_act *a, int t0,
-                              const int TT, float out[8]) {
+                              const int TT, float out[9]) {
     const int64_t xq_stride = ng * GROUP8, xs_stride = ng * G8;
     const int8_t *xr = a->xr + t0 * xq_stride;
     const float *xs = a->xs + t0 * xs_stride;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[8];
-#pragma GCC unroll 8
+    __m256 acc[9];
+#pragma GCC unroll 9
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++, wb += G8, xr += GROUP8, xs += G8) {
 #pragma GCC unroll 5
@@ -164,13 +164,13 @@ FM_INLINE void q8_direct_tile(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, c
         const int m = nb - g * G8 < G8 ? (int)(nb - g * G8) : G8;
         __m256i v[8];
         q8_interleave(wb, m, v);
-        __m256i ia[8];
-#pragma GCC unroll 8
+        __m256i ia[9];
+#pragma GCC unroll 9
         for (int t = 0; t < TT; t++) ia[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int j = 0; j < FM_Q8_VECS; j++) {
             const __m256i aw = _mm256_abs_epi8(v[j]);
-#pragma GCC unroll 8
+#pragma GCC unroll 9
             for (int t = 0; t < TT; t++) {
                 const __m256i x = _mm256_load_si256((const __m256i *)(xr + t * xq_stride + 32 * j));
                 const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, v[j]));
@@ -179,29 +179,34 @@ FM_INLINE void q8_direct_tile(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, c
             }
         }
         const __m256 dw = q8_scales(wb, m);
-#pragma GCC unroll 8
+#pragma GCC unroll 9
         for (int t = 0; t < TT; t++) {
             const __m256 s = _mm256_mul_ps(dw, _mm256_load_ps(xs + t * xs_stride));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), s, acc[t]);
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 9
     for (int t = 0; t < TT; t++) out[t] = hsum256(acc[t]);
 }
 
-/* Rows one at a time, tiles of up to 8 tokens (so one tile for every batch below Q8_PACK_MIN_T): the row is
- * read from memory and interleaved once. With 8 tokens the integer sums, scaled sums and an interleaved
+/* Rows one at a time, tiles of up to 9 tokens (so one tile for every batch below Q8_PACK_MIN_T): the row is
+ * read from memory and interleaved once. With 8 or 9 tokens the integer sums, scaled sums and an interleaved
  * group outnumber the 16 registers and the compiler keeps some in L1; still, against tiles of 4
- * (bench_kernels, 2 threads, 9728x2560): T = 5 1.75 -> 1.45 ms, T = 8 2.38 -> 2.05 ms, T = 4 unchanged. */
+ * (bench_kernels, 2 threads, 9728x2560): T = 5 1.75 -> 1.45 ms, T = 8 2.38 -> 2.05 ms, T = 4 unchanged; and
+ * T = 9 2.33 ms against the packed path's 2.56. From 10 tokens the sums spill inside the loop (T = 10 3.5 ms
+ * against 2.7 packed). */
 static void q8_direct(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                       int64_t r1) {
     const int64_t nb = w->cols / FM_QK8_0;
     for (int64_t r = r0; r < r1; r++) {
         const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-        for (int t0 = 0; t0 < a->T; t0 += 8) {
-            float out[8];
-            const int tt = a->T - t0 < 8 ? a->T - t0 : 8;
+        for (int t0 = 0; t0 < a->T; t0 += 9) {
+            float out[9];
+            const int tt = a->T - t0 < 9 ? a->T - t0 : 9;
             switch (tt) {
+            case 9:
+                q8_direct_tile(wb, nb, a->ng, a, t0, 9, out);
+                break;
             case 8:
                 q8_direct_tile(wb, nb, a->ng, a, t0, 8, out);
                 break;
@@ -437,7 +442,8 @@ static void q8_packed_rows(const fm_matrix *w, const fm_mm_act *a, float *y, con
         q8_prefetch pf = {sbase + (rc + n) * srow, sbase + next_end * srow, 0};
         pf.per_group = (int)(((pf.end - pf.p) / 64 + tiles - 1) / tiles);
         /* Tokens in tiles of sizes as equal as 4 allows (18 = 4 + 4 + 4 + 3 + 3, not 4 x 4 + 2): verify(17)'s
-         * products 1-2 % faster (bench_kernels, three alternations), 9 tokens unchanged */
+         * products 1-2 % faster (bench_kernels, three alternations), 9 and 10 tokens unchanged (then packed)
+         */
         const int nt = (a->T + 3) / 4;
         for (int k = 0, t0 = 0; k < nt; k++) {
             const int tt = a->T / nt + (k < a->T % nt);
