@@ -189,52 +189,48 @@ FM_INLINE void q8_direct_tile(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, c
     for (int t = 0; t < TT; t++) out[t] = hsum256(acc[t]);
 }
 
-/* Rows one at a time, tiles of up to 9 tokens (so one tile for every batch below Q8_PACK_MIN_T): the row is
- * read from memory and interleaved once. With 8 or 9 tokens the integer sums, scaled sums and an interleaved
- * group outnumber the 16 registers and the compiler keeps some in L1; still, against tiles of 4
- * (bench_kernels, 2 threads, 9728x2560): T = 5 1.75 -> 1.45 ms, T = 8 2.38 -> 2.05 ms, T = 4 unchanged; and
- * T = 9 2.33 ms against the packed path's 2.56. From 10 tokens the sums spill inside the loop (T = 10 3.5 ms
- * against 2.7 packed). */
-static void q8_direct(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                      int64_t r1) {
+/* Rows [r0, r1) x tokens [t0, t0 + TT), a tile a row. */
+FM_INLINE void q8_direct_rows(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                              int64_t r1, int t0, const int TT) {
     const int64_t nb = w->cols / FM_QK8_0;
     for (int64_t r = r0; r < r1; r++) {
-        const fm_block_q8_0 *wb = (const fm_block_q8_0 *)w->data + r * nb;
-        for (int t0 = 0; t0 < a->T; t0 += 9) {
-            float out[9];
-            const int tt = a->T - t0 < 9 ? a->T - t0 : 9;
-            switch (tt) {
-            case 9:
-                q8_direct_tile(wb, nb, a->ng, a, t0, 9, out);
-                break;
-            case 8:
-                q8_direct_tile(wb, nb, a->ng, a, t0, 8, out);
-                break;
-            case 7:
-                q8_direct_tile(wb, nb, a->ng, a, t0, 7, out);
-                break;
-            case 6:
-                q8_direct_tile(wb, nb, a->ng, a, t0, 6, out);
-                break;
-            case 5:
-                q8_direct_tile(wb, nb, a->ng, a, t0, 5, out);
-                break;
-            case 4:
-                q8_direct_tile(wb, nb, a->ng, a, t0, 4, out);
-                break;
-            case 3:
-                q8_direct_tile(wb, nb, a->ng, a, t0, 3, out);
-                break;
-            case 2:
-                q8_direct_tile(wb, nb, a->ng, a, t0, 2, out);
-                break;
-            default:
-                q8_direct_tile(wb, nb, a->ng, a, t0, 1, out);
-                break;
-            }
-            for (int t = 0; t < tt; t++) fm_mm_store(w, y, bias, r, t0 + t, out[t]);
-        }
+        float out[9];
+        q8_direct_tile((const fm_block_q8_0 *)w->data + r * nb, nb, a->ng, a, t0, TT, out);
+        for (int t = 0; t < TT; t++) fm_mm_store(w, y, bias, r, t0 + t, out[t]);
     }
+}
+
+/* q8_direct_rows with compile-time tiles of 1..9 tokens, by count - 1. */
+typedef void (*q8_direct_fn)(const fm_matrix *, const fm_mm_act *, float *, const float *, int64_t, int64_t,
+                             int);
+#define Q8_DIRECT_ROWS(N)                                                                                    \
+    static void q8_direct_rows_##N(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias,      \
+                                   int64_t r0, int64_t r1, int t0) {                                         \
+        q8_direct_rows(w, a, y, bias, r0, r1, t0, N);                                                        \
+    }
+Q8_DIRECT_ROWS(1)
+Q8_DIRECT_ROWS(2)
+Q8_DIRECT_ROWS(3)
+Q8_DIRECT_ROWS(4)
+Q8_DIRECT_ROWS(5)
+Q8_DIRECT_ROWS(6)
+Q8_DIRECT_ROWS(7)
+Q8_DIRECT_ROWS(8)
+Q8_DIRECT_ROWS(9)
+#undef Q8_DIRECT_ROWS
+static const q8_direct_fn k_direct_rows[9] = {q8_direct_rows_1, q8_direct_rows_2, q8_direct_rows_3,
+                                              q8_direct_rows_4, q8_direct_rows_5, q8_direct_rows_6,
+                                              q8_direct_rows_7, q8_direct_rows_8, q8_direct_rows_9};
+
+/* Tiles of up to 9 tokens (so one tile for every batch below Q8_PACK_MIN_T): each row is read from memory and
+ * interleaved once. With 8 or 9 tokens the integer sums, scaled sums and an interleaved group outnumber the
+ * 16 registers and the compiler keeps some in L1; still, against tiles of 4 (bench_kernels, 2 threads,
+ * 9728x2560): T = 5 1.75 -> 1.45 ms, T = 8 2.38 -> 2.05 ms, T = 4 unchanged; and T = 9 2.33 ms against the
+ * packed path's 2.56. From 10 tokens the sums spill inside the loop (T = 10 3.5 ms against 2.7 packed). */
+static void q8_direct(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                      int64_t r1) {
+    for (int t0 = 0; t0 < a->T; t0 += 9)
+        k_direct_rows[(a->T - t0 < 9 ? a->T - t0 : 9) - 1](w, a, y, bias, r0, r1, t0);
 }
 
 /* ---- packed path: T >= Q8_PACK_MIN_T ---- */
