@@ -249,20 +249,25 @@ FM_INLINE void q8_pack_group(const fm_block_q8_0 *wb, int m, int8_t *q, float *d
     _mm256_store_ps(d, q8_scales(wb, m));
 }
 
+/* Bytes of a packed row (in a chunk's scratch or pre-packed): ng int16 groups, then ng x 8 f32 scales
+ * (32-byte aligned at a 64-byte base). */
+static int64_t q8_prow_bytes(int64_t cols) {
+    return q8_groups(cols) * (GROUP16 + G8 * (int64_t)sizeof(float));
+}
+
 /* Rows packed per chunk: as many as fit in Q8_PACK_L2 (each token tile's activations are then reused from L1
  * by all of them), a multiple of the tiles' 3 rows. Pre-packed rows (pre) go in smaller chunks: the next
  * chunk prefetched into L2 is then as large as the current one, not half of it (both of 256 KB filled this
  * Zen 3's 512 KB L2: drafts took ~5 % longer than with chunks of a third of that). */
 static int64_t q8_chunk_rows(int64_t cols, int pre) {
-    const int64_t per_row = q8_groups(cols) * (GROUP16 + G8 * (int64_t)sizeof(float));
-    const int64_t n = (pre ? Q8_PRE_L2 : Q8_PACK_L2) / per_row;
+    const int64_t n = (pre ? Q8_PRE_L2 : Q8_PACK_L2) / q8_prow_bytes(cols);
     return n < 3 ? 3 : n > 30 ? 30 : n - n % 3;
 }
 
 static size_t q8_tls_bytes(int T, int64_t cols) {
     if (!q8_packed(T)) return 0;
     const size_t rc = (size_t)q8_chunk_rows(cols, 0); /* the larger chunk: a matrix may be pre-packed */
-    return rc * (size_t)q8_groups(cols) * (GROUP16 + G8 * sizeof(float)) + rc * 4 * G8 * sizeof(float);
+    return rc * (size_t)q8_prow_bytes(cols) + rc * 4 * G8 * sizeof(float);
 }
 
 /* Row wb (nb blocks) into ng int16 groups q [ng][16 vectors] and their scales d [ng][8]. */
@@ -272,11 +277,6 @@ static void q8_pack_row(const fm_block_q8_0 *wb, int64_t nb, int64_t ng, int8_t 
         for (int i = 0; i < 5; i++) _mm_prefetch((const char *)wb + Q8_PREFETCH + 64 * i, _MM_HINT_T0);
         q8_pack_group(wb, nb - g * G8 < G8 ? (int)(nb - g * G8) : G8, q, d);
     }
-}
-
-/* Bytes of a pre-packed row: ng int16 groups, then ng x 8 f32 scales (32-byte aligned at a 64-byte base). */
-static int64_t q8_prow_bytes(int64_t cols) {
-    return q8_groups(cols) * (GROUP16 + G8 * (int64_t)sizeof(float));
 }
 
 static size_t q8_pack_bytes(int T, int64_t rows, int64_t cols) {
@@ -438,8 +438,7 @@ static void q8_packed_rows(const fm_matrix *w, const fm_mm_act *a, float *y, con
         q8_prefetch pf = {sbase + (rc + n) * srow, sbase + next_end * srow, 0};
         pf.per_group = (int)(((pf.end - pf.p) / 64 + tiles - 1) / tiles);
         /* Tokens in tiles of sizes as equal as 4 allows (18 = 4 + 4 + 4 + 3 + 3, not 4 x 4 + 2): verify(17)'s
-         * products 1-2 % faster (bench_kernels, three alternations), 9 and 10 tokens unchanged (then packed)
-         */
+         * products 1-2 % faster (bench_kernels, three alternations), 9 and 10 tokens unchanged */
         const int nt = (a->T + 3) / 4;
         for (int k = 0, t0 = 0; k < nt; k++) {
             const int tt = a->T / nt + (k < a->T % nt);

@@ -65,8 +65,7 @@ static int attach(dev_bufs *d, fmc_split *sp, int N) {
     return !sp->part || !sp->cnt || cudaMemset(sp->cnt, 0, (size_t)cnt * 4 + 4) != cudaSuccess;
 }
 
-/* A Q8_0 matrix from N rows of K/32 GGUF blocks on the host: uploaded, repacked, its split scratch attached.
- */
+/* A Q8_0 matrix from N rows of K/32 GGUF blocks on the host: uploaded, repacked, split scratch attached. */
 static int q8_upload(dev_bufs *d, const void *blocks, int N, int K, int glu, fmc_q8 *w) {
     size_t qb, sb;
     fmc_q8_bytes(N, K, &qb, &sb);
