@@ -134,6 +134,21 @@ typedef struct {
     int simulated; /* 1 when drafts were replaced by simulated acceptance */
 } fm_generate_stats;
 
+/* Sampling. Off by default (temperature 0: greedy, the argmax of each row). Otherwise as Hugging Face
+ * transformers samples: logits / temperature, then top-k, then top-p, then min-p, then a draw from what is
+ * left; tokens less likely than e^-30 times the most likely one are never drawn. The token after position i
+ * is drawn with a uniform number made from (seed, i) alone, and a round accepts a draft when it equals the
+ * token the target draws at that row, so speculative decoding gives the very text plain decoding gives for
+ * the same seed (its acceptance is the probability the target gives the draft, as in speculative sampling
+ * with a deterministic drafter). */
+typedef struct {
+    float temperature; /* <= 0: greedy */
+    int top_k;         /* 0: no limit */
+    float top_p;       /* 1: no limit; (0, 1) */
+    float min_p;       /* 0: off; [0, 1) */
+    uint64_t seed;
+} fm_sampling;
+
 /* Called with the new tokens as they are produced; return non-zero to stop early. */
 typedef int (*fm_token_callback)(void *user, const int32_t *ids, int n);
 
@@ -142,6 +157,7 @@ typedef struct {
     int speculative;         /* use the drafter (needs one) */
     int verify;              /* drafts per verify block: 0 adaptive (7 or all), else 1 .. block */
     int fallback;            /* fall back to plain steps while drafting loses (timing based) */
+    fm_sampling sampling;    /* greedy unless sampling.temperature > 0 */
     int ignore_stop;         /* do not stop at the model's stop tokens (benchmarks) */
     const int32_t *stop_ids; /* extra token ids that end generation (also with ignore_stop) */
     int n_stop_ids;

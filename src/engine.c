@@ -25,6 +25,7 @@ void fm_generate_params_init(fm_generate_params *p) {
     memset(p, 0, sizeof *p);
     p->max_new_tokens = 256;
     p->fallback = 1;
+    p->sampling.top_p = 1;
 }
 
 /* AUTO picks the GPU when the build has CUDA, a device is present and the target is Q8_0 (what the CUDA

@@ -1,7 +1,8 @@
-/* test_speculative.c: losslessness. Speculative output must equal plain greedy output token for token, for
- * random tiny models (several weight types, tied and untied), random prompts, every verify mode, fallback on
- * and off, extra stop tokens, token limits from 1 to 200 and small context limits; and under simulated
- * acceptance, where rounds accept anything from 0 to all 16 drafts. A session cut back to a prefix of its
+/* test_speculative.c: losslessness. Speculative output must equal plain output token for token, greedy or
+ * sampled with the same seed (temperatures, top-k, top-p, min-p drawn per case), for random tiny models
+ * (several weight types, tied and untied), random prompts, every verify mode, fallback on and off, extra stop
+ * tokens, token limits from 1 to 200 and small context limits; and under simulated acceptance, where rounds
+ * accept anything from 0 to all 16 drafts. A session cut back to a prefix of its
  * conversation (fm_session_truncate, the server's prompt cache) then continued gives what a fresh session
  * gives the whole prompt. Models come from `flashmap synth`. */
 #include <stdio.h>
@@ -141,7 +142,7 @@ static int check_truncate(fm_engine *e, const fm_engine_info *info, const char *
 
 int main(void) {
     char target[4096], drafter[4096], err[FM_ERRBUF_SIZE];
-    int accepted_hist[FM_MAX_BLOCK + 1] = {0}, cases = 0, truncated = 0;
+    int accepted_hist[FM_MAX_BLOCK + 1] = {0}, cases = 0, truncated = 0, sampled = 0;
     for (int mi = 0; mi < N_MODELS; mi++) {
         if (synth_pair(&MODELS[mi], target, drafter, sizeof target)) {
             CHECK_MSG(0, "synthesizing the %s pair failed", MODELS[mi].type);
@@ -175,6 +176,16 @@ int main(void) {
                 fm_generate_params_init(&plain);
                 plain.max_new_tokens = 1 + (int)rnd(200);
                 plain.ignore_stop = 1;
+                const int sample = rnd(2);
+                if (sample) {
+                    static const int top_ks[] = {0, 1, 5, 40};
+                    static const float top_ps[] = {1, 0.95f, 0.5f}, min_ps[] = {0, 0.05f, 0.3f};
+                    plain.sampling.temperature = 0.2f + 0.1f * (float)rnd(14);
+                    plain.sampling.top_k = top_ks[rnd(4)];
+                    plain.sampling.top_p = top_ps[rnd(3)];
+                    plain.sampling.min_p = min_ps[rnd(3)];
+                    plain.sampling.seed = rnd(1u << 30);
+                }
                 result a = {0}, b = {0};
                 if (generate(e, prompt, n_prompt, &plain, &a, NULL)) {
                     CHECK_MSG(0, "plain generation failed");
@@ -216,11 +227,12 @@ int main(void) {
                     continue;
                 }
                 cases++;
+                sampled += sample;
                 CHECK_MSG(same(&a, &b),
-                          "model %s ctx %d case %d: speculative (verify %d, fallback %d, sim %d) differs "
-                          "from plain "
-                          "(%d vs %d tokens)",
-                          MODELS[mi].type, info.n_ctx, c, sp.verify, sp.fallback, simulate, b.n, a.n);
+                          "model %s ctx %d case %d: speculative (verify %d, fallback %d, sim %d, temperature "
+                          "%g) differs from plain (%d vs %d tokens)",
+                          MODELS[mi].type, info.n_ctx, c, sp.verify, sp.fallback, simulate,
+                          (double)sp.sampling.temperature, b.n, a.n);
                 CHECK(b.n <= sp.max_new_tokens);
                 for (int r = 0; r < n_trace; r++) {
                     CHECK(trace[r].accepted <= trace[r].verified);
@@ -232,7 +244,8 @@ int main(void) {
             fm_engine_free(e);
         }
     }
-    printf("cases: %d, truncated conversations: %d; rounds by accepted drafts:", cases, truncated);
+    printf("cases: %d (%d sampled), truncated conversations: %d; rounds by accepted drafts:", cases, sampled,
+           truncated);
     int reached = 0;
     for (int k = 0; k <= 16; k++) {
         printf(" %d:%d", k, accepted_hist[k]);
@@ -240,6 +253,7 @@ int main(void) {
     }
     printf("\n");
     CHECK_MSG(cases >= 200, "only %d cases ran", cases);
+    CHECK_MSG(sampled >= 70, "only %d sampled cases ran", sampled);
     CHECK_MSG(truncated >= 30, "only %d truncated-conversation cases ran", truncated);
     CHECK_MSG(accepted_hist[0] > 0 && accepted_hist[16] > 0 && reached >= 12,
               "simulated rounds should accept from 0 to 16 drafts (saw %d distinct counts)", reached);

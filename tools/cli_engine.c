@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli_common.h"
 #include "io/model_cache.h"
@@ -13,6 +14,42 @@ void cli_engine_opts_init(cli_engine_opts *o) {
     o->draft_weights = FM_DRAFT_WEIGHTS_AUTO;
     o->spec = 1;
     o->fallback = 1;
+    o->sampling.top_p = 1;
+}
+
+uint64_t cli_random_seed(void) {
+    uint64_t seed = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&seed, sizeof seed, 1, f) != 1) seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull;
+    if (f) fclose(f);
+    return seed & ((1ull << 53) - 1); /* exact in JSON numbers, so a printed seed can be given back */
+}
+
+/* The sampling options; same contract as cli_engine_opt. */
+static int sampling_opt(const char *cmd, int argc, char **argv, int *i, cli_engine_opts *o) {
+    const char *a = argv[*i];
+    const int is_temp = !strcmp(a, "--temp") || !strcmp(a, "--temperature"), is_k = !strcmp(a, "--top-k"),
+              is_p = !strcmp(a, "--top-p"), is_min = !strcmp(a, "--min-p"), is_seed = !strcmp(a, "--seed");
+    if (!(is_temp || is_k || is_p || is_min || is_seed)) return 0;
+    const char *v = cli_value(cmd, argc, argv, i);
+    if (!v) return -1;
+    double d;
+    long n;
+    if (is_temp) {
+        if (cli_parse_double(cmd, a, v, 0, 100, &d)) return -1;
+        o->sampling.temperature = (float)d;
+    } else if (is_p || is_min) {
+        if (cli_parse_double(cmd, a, v, is_p ? 1e-9 : 0, is_p ? 1 : 0.999999, &d)) return -1;
+        *(is_p ? &o->sampling.top_p : &o->sampling.min_p) = (float)d;
+    } else if (is_k) {
+        if (cli_parse_int(cmd, a, v, 0, 1L << 30, &n)) return -1;
+        o->sampling.top_k = (int)n;
+    } else {
+        if (cli_parse_int(cmd, a, v, 0, (1L << 53) - 1, &n)) return -1;
+        o->sampling.seed = (uint64_t)n;
+        o->seed_given = 1;
+    }
+    return 1;
 }
 
 /* s among names[0..n) (in the enum's order) -> its index; else a message listing them. */
@@ -38,6 +75,10 @@ int cli_engine_opt(const char *cmd, int argc, char **argv, int *i, unsigned flag
     static const char *const devices[] = {"auto", "cpu", "cuda"};    /* fm_device order */
     static const char *const weights[] = {"auto", "q8_0", "stored"}; /* fm_draft_weights order */
     const char *a = argv[*i];
+    if (!(flags & CLI_ENGINE_NO_SAMPLING)) {
+        const int r = sampling_opt(cmd, argc, argv, i, o);
+        if (r) return r;
+    }
     /* Switches. */
     if (!strcmp(a, "--no-spec")) return o->spec = 0, 1;
     if (!strcmp(a, "--no-fallback")) return o->fallback = 0, 1;

@@ -15,12 +15,27 @@ typedef struct {
     int draft_weights;           /* fm_draft_weights */
     int keep_mmap;
     int spec, verify,
-        fallback; /* speculative decoding on (default), verify width (0: adaptive), fallback on */
+        fallback;         /* speculative decoding on (default), verify width (0: adaptive), fallback on */
+    fm_sampling sampling; /* --temp, --top-k, --top-p, --min-p, --seed (greedy by default) */
+    int seed_given;
     char model_buf[4096], drafter_buf[4096]; /* the cached defaults, when resolved */
 } cli_engine_opts;
 
-/* Options a command does not take: bench runs on the CPU and sizes its own context. */
-enum { CLI_ENGINE_NO_DEVICE = 1u, CLI_ENGINE_NO_CTX = 2u };
+/* Options a command does not take: bench runs on the CPU, sizes its own context and decodes greedily. */
+enum { CLI_ENGINE_NO_DEVICE = 1u, CLI_ENGINE_NO_CTX = 2u, CLI_ENGINE_NO_SAMPLING = 4u };
+
+/* The sampling options' help, the same in every command that takes them. */
+#define CLI_SAMPLING_HELP                                                                                    \
+    "  --temp T          sample at temperature T (default 0: greedy); Qwen3 suggests 0.6 (thinking) or\n"    \
+    "                    0.7, with --top-p 0.95 / 0.8 and --top-k 20. Speculative output stays exactly\n"    \
+    "                    plain output: same seed, same text\n"                                               \
+    "  --top-k N         keep the N most likely tokens (default 0: all)\n"                                   \
+    "  --top-p P         keep the most likely tokens up to probability P (default 1: all)\n"                 \
+    "  --min-p P         drop tokens less likely than P x the most likely one (default 0: off)\n"            \
+    "  --seed N          sampling seed (default: a random one, printed with the stats)\n"
+
+/* A seed for a sampled generation that was given none (from the OS's random source). */
+uint64_t cli_random_seed(void);
 
 void cli_engine_opts_init(cli_engine_opts *o);
 /* If argv[*i] is one of the shared options (and not excluded by flags), consumes it and its value (advancing

@@ -99,8 +99,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
             usage(stdout);
             exit(0);
         }
-        const int engine =
-            cli_engine_opt(CMD, argc, argv, &i, CLI_ENGINE_NO_DEVICE | CLI_ENGINE_NO_CTX, &o->eng);
+        const int engine = cli_engine_opt(
+            CMD, argc, argv, &i, CLI_ENGINE_NO_DEVICE | CLI_ENGINE_NO_CTX | CLI_ENGINE_NO_SAMPLING, &o->eng);
         if (engine < 0) return -1;
         if (engine) continue;
 #define VALUE()                                                                                              \

@@ -22,7 +22,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: flashmap chat [-m TARGET.gguf] [-d DRAFTER] [--system TEXT] [--no-think] [-n N] [-t N]\n"
             "                     [--ctx N] [--no-spec] [--verify adaptive|K] [--no-fallback]\n"
-            "                     [--device cpu|cuda|auto] [--draft-weights auto|q8_0|stored] [--mmap]\n\n"
+            "                     [--device cpu|cuda|auto] [--draft-weights auto|q8_0|stored] [--mmap]\n"
+            "                     [--temp T] [--top-k N] [--top-p P] [--min-p P] [--seed N]\n\n"
             "Reads one user message per line from stdin; an empty line or end of input ends the chat.\n"
             "The KV cache (and the drafter's context) carries over between turns. -n N caps each reply\n"
             "(default 1024); the other options are generate's (see flashmap generate --help); without -m:\n"
@@ -84,6 +85,8 @@ int cmd_chat(int argc, char **argv) {
     gp.speculative = eo.spec && eo.drafter;
     gp.verify = eo.verify;
     gp.fallback = eo.fallback;
+    gp.sampling = eo.sampling;
+    if (gp.sampling.temperature > 0 && !eo.seed_given) gp.sampling.seed = cli_random_seed();
     gp.on_tokens = print_tokens;
     const int tty = isatty(0);
     char *line = NULL;

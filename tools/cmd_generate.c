@@ -18,7 +18,6 @@ typedef struct {
     const char *prompt, *prompt_file, *prompt_ids, *system;
     int n_predict, chat, think, json, trace, ignore_eos;
     double sim_mean;
-    long seed;
 } gen_opts;
 
 static void usage(FILE *f) {
@@ -28,7 +27,8 @@ static void usage(FILE *f) {
         "                         [-n N] [-t THREADS] [--ctx N] [--chat [--system TEXT] [--no-think]]\n"
         "                         [--no-spec] [--verify adaptive|K] [--no-fallback] [--device cpu|cuda]\n"
         "                         [--draft-weights auto|q8_0|stored] [--mmap] [--json] [--trace]\n"
-        "                         [--ignore-eos] [--simulate MEAN [--seed N]]\n\n"
+        "                         [--temp T] [--top-k N] [--top-p P] [--min-p P] [--seed N]\n"
+        "                         [--ignore-eos] [--simulate MEAN]\n\n"
         "  -m PATH           target model (Qwen3 dense GGUF); default: the cached pinned Qwen3-4B "
         "(flashmap pull)\n"
         "  -d PATH           FlashMap drafter (.safetensors or a folder with model.safetensors); enables\n"
@@ -52,11 +52,11 @@ static void usage(FILE *f) {
         "                    them into huge pages at load (~8%% faster steps)\n"
         "  --json            print one JSON object (prompt_ids, tokens, text, stats) instead of text\n"
         "  --trace           with --json: every speculative round (pos, anchor, drafted, verified, "
-        "accepted)\n"
-        "  --ignore-eos      do not stop at stop tokens\n"
+        "accepted)\n" CLI_SAMPLING_HELP "  --ignore-eos      do not stop at stop tokens\n"
         "  --simulate MEAN   SIMULATED acceptance for benchmarks: decode plainly first, then replace the\n"
         "                    drafts by the known continuation for k ~ Binomial(16, MEAN/16) tokens per "
-        "round\n");
+        "round\n"
+        "                    (drawn with --seed, default 1)\n");
 }
 
 static int parse(int argc, char **argv, gen_opts *o) {
@@ -65,7 +65,6 @@ static int parse(int argc, char **argv, gen_opts *o) {
     o->think = 1;
     cli_engine_opts_init(&o->eng);
     o->sim_mean = -1;
-    o->seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long n;
@@ -97,9 +96,6 @@ static int parse(int argc, char **argv, gen_opts *o) {
         } else if (!strcmp(a, "--simulate")) {
             VALUE();
             if (cli_parse_double(CMD, a, v, 0, 32, &o->sim_mean)) return -1;
-        } else if (!strcmp(a, "--seed")) {
-            VALUE();
-            if (cli_parse_int(CMD, a, v, 0, 1L << 40, &o->seed)) return -1;
         } else if (!strcmp(a, "--chat")) {
             o->chat = 1;
         } else if (!strcmp(a, "--no-think")) {
@@ -200,7 +196,7 @@ static const char *stop_name(fm_stop_reason r) {
     }
 }
 
-static void print_stats(const fm_generate_stats *st, int spec) {
+static void print_stats(const fm_generate_stats *st, int spec, const fm_sampling *sp) {
     fprintf(stderr, "prompt %d tok | prefill %.1f tok/s | decode %.2f tok/s | %d new tok", st->n_prompt,
             cli_prefill_tok_s(st), cli_decode_tok_s(st), st->n_generated);
     if (spec)
@@ -209,6 +205,7 @@ static void print_stats(const fm_generate_stats *st, int spec) {
                 st->decode_s > 0 ? 100 * st->draft_s / (st->prefill_s + st->decode_s) : 0,
                 st->decode_s > 0 ? 100 * st->verify_s / (st->prefill_s + st->decode_s) : 0,
                 st->simulated ? " | SIMULATED acceptance" : "");
+    if (sp->temperature > 0) fprintf(stderr, " | sampled, seed %llu", (unsigned long long)sp->seed);
     fprintf(stderr, " | stop: %s\n", stop_name(st->stop));
 }
 
@@ -219,7 +216,8 @@ static cJSON *ids_json(const int32_t *ids, int n) {
 }
 
 static void print_json(fm_engine *e, const int32_t *prompt, int n_prompt, const int32_t *toks, int n_toks,
-                       const fm_generate_stats *st, const fm_round_trace *tr, int n_tr, int spec) {
+                       const fm_generate_stats *st, const fm_round_trace *tr, int n_tr, int spec,
+                       const fm_sampling *sp) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "prompt_ids", ids_json(prompt, n_prompt));
     cJSON_AddItemToObject(root, "tokens", ids_json(toks, n_toks));
@@ -236,6 +234,14 @@ static void print_json(fm_engine *e, const int32_t *prompt, int n_prompt, const 
     cli_json_add_decode_stats(s, st);
     cJSON_AddBoolToObject(s, "simulated", st->simulated);
     cJSON_AddStringToObject(s, "stop", stop_name(st->stop));
+    if (sp->temperature > 0) {
+        cJSON *j = cJSON_AddObjectToObject(s, "sampling");
+        cJSON_AddNumberToObject(j, "temperature", sp->temperature);
+        cJSON_AddNumberToObject(j, "top_k", sp->top_k);
+        cJSON_AddNumberToObject(j, "top_p", sp->top_p);
+        cJSON_AddNumberToObject(j, "min_p", sp->min_p);
+        cJSON_AddNumberToObject(j, "seed", (double)sp->seed);
+    }
     if (tr) {
         cJSON *rounds = cJSON_AddArrayToObject(root, "rounds");
         for (int i = 0; i < n_tr; i++) {
@@ -281,6 +287,8 @@ int cmd_generate(int argc, char **argv) {
     gp.verify = o.eng.verify;
     gp.fallback = o.eng.fallback;
     gp.ignore_stop = o.ignore_eos;
+    gp.sampling = o.eng.sampling;
+    if (gp.sampling.temperature > 0 && !o.eng.seed_given) gp.sampling.seed = cli_random_seed();
     if (o.sim_mean >= 0) {
         if (!gp.speculative) {
             fprintf(stderr, "flashmap %s: --simulate needs a drafter (-d)\n", CMD);
@@ -295,7 +303,7 @@ int cmd_generate(int argc, char **argv) {
         gp.sim_future = future;
         gp.sim_future_len = n_future;
         gp.sim_mean = o.sim_mean;
-        gp.sim_seed = (uint64_t)o.seed;
+        gp.sim_seed = o.eng.seed_given ? o.eng.sampling.seed : 1;
         gp.fallback = 0; /* simulated rounds measure drafting itself */
     }
     if (o.trace) {
@@ -310,14 +318,14 @@ int cmd_generate(int argc, char **argv) {
     }
     if (fm_session_generate(s, prompt, n_prompt, &gp, &toks, &n_toks, &st, err, sizeof err)) goto fail;
     if (o.json) {
-        print_json(e, prompt, n_prompt, toks, n_toks, &st, trace, n_trace, gp.speculative);
+        print_json(e, prompt, n_prompt, toks, n_toks, &st, trace, n_trace, gp.speculative, &gp.sampling);
     } else {
         size_t len = 0;
         const char *tail = ts ? fm_text_stream_flush(ts, &len) : NULL;
         if (tail) fwrite(tail, 1, len, stdout);
         printf("\n");
     }
-    print_stats(&st, gp.speculative);
+    print_stats(&st, gp.speculative, &gp.sampling);
     rc = 0;
     goto done;
 fail:

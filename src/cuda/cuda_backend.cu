@@ -23,9 +23,12 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_debug.h"
 #include "cuda/cuda_kernels.cuh"
+#include "decode/sampler.h"
 #include "drafter/drafter_internal.h"
 
 enum { MODE_NONE = 0, MODE_LAST = 1, MODE_ALL = 2, MAX_GRAPHS = 96, GRAPH_MAX_T = 32, DRAFT_ROWS = 64 };
+/* Sampling candidates a row brings back from the GPU; a row with more is read whole. */
+enum { SAMPLE_CAP = 2048 };
 
 typedef struct {
     fmc_q8 qkv, wo, gu, down; /* gu: [gate; up] */
@@ -77,6 +80,13 @@ struct fm_cuda_backend {
     unsigned long long *h_am;
     int *h_pos;
     int last_logit_rows, last_rows;
+    /* sampling (decode/sampler.h): greedy until set_sampling says otherwise; the candidates of each row are
+     * gathered on the GPU, only they come back, and the draw is the host's (the CPU backend's very code) */
+    fm_sampling sampling;
+    int *d_cnt, *h_cnt;             /* [rows_cap] */
+    fmc_candidate *d_cand, *h_cand; /* [rows_cap][SAMPLE_CAP] */
+    fm_candidate *cand;             /* [vocab] */
+    float *h_row;                   /* [vocab]: a row with more than SAMPLE_CAP candidates */
     /* graphs, programmatic dependent launch */
     int use_graphs, use_pdl, n_graphs;
     double warm_ms; /* the graphs captured at creation (warm_graphs) took this long */
@@ -450,6 +460,10 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     if (b->h_ids) cudaFreeHost(b->h_ids);
     if (b->h_am) cudaFreeHost(b->h_am);
     if (b->h_pos) cudaFreeHost(b->h_pos);
+    if (b->h_cnt) cudaFreeHost(b->h_cnt);
+    if (b->h_cand) cudaFreeHost(b->h_cand);
+    free(b->cand);
+    free(b->h_row);
     if (b->st) cudaStreamDestroy(b->st);
     free(b->cap_slot);
     free(b->L);
@@ -649,6 +663,54 @@ static int cu_pos(void *ctx) {
     return ((fm_cuda_backend *)ctx)->pos;
 }
 
+/* The drawn tokens of the forward's logit rows 0..rows-1 (positions pos0 ..): their candidates are gathered
+ * on the GPU (a superset of the sampler's: one more temperature of range), a row with too many is read
+ * whole. */
+static int sample_rows(fm_cuda_backend *b, int rows, int pos0, int32_t *out, char *err, size_t errlen) {
+    const float range = (FM_SAMPLE_RANGE + 1) * b->sampling.temperature;
+    CK(cudaMemsetAsync(b->d_cnt, 0, (size_t)rows * sizeof *b->d_cnt, b->st));
+    fmc_sample_gather(b->logits, rows, b->vocab, b->d_am, range, SAMPLE_CAP, b->d_cnt, b->d_cand, b->st);
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(b->h_cnt, b->d_cnt, (size_t)rows * sizeof *b->h_cnt, cudaMemcpyDeviceToHost, b->st));
+    CK(cudaMemcpyAsync(b->h_cand, b->d_cand, (size_t)rows * SAMPLE_CAP * sizeof *b->h_cand,
+                       cudaMemcpyDeviceToHost, b->st));
+    CK(cudaStreamSynchronize(b->st));
+    for (int r = 0; r < rows; r++) {
+        const double u = fm_sample_uniform(b->sampling.seed, pos0 + r);
+        int nc = b->h_cnt[r];
+        if (nc > SAMPLE_CAP) {
+            CK(cudaMemcpy(b->h_row, b->logits + (size_t)r * b->vocab, (size_t)b->vocab * 4,
+                          cudaMemcpyDeviceToHost));
+            nc = fm_sample_gather(b->h_row, b->vocab, b->sampling.temperature, b->cand);
+        } else {
+            for (int i = 0; i < nc; i++)
+                b->cand[i] = fm_candidate{b->h_cand[(size_t)r * SAMPLE_CAP + i].logit,
+                                          b->h_cand[(size_t)r * SAMPLE_CAP + i].id, 0};
+        }
+        out[r] = nc > 0 ? fm_sample_pick(b->cand, nc, &b->sampling, u) : 0; /* a row of NaN */
+    }
+    return 0;
+}
+
+static int cu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t errlen) {
+    fm_cuda_backend *b = (fm_cuda_backend *)ctx;
+    if (!fm_sampling_greedy(s) && !b->cand) {
+        const int R = b->rows_cap;
+        DALLOC(b->d_cnt, (size_t)R * sizeof *b->d_cnt);
+        DALLOC(b->d_cand, (size_t)R * SAMPLE_CAP * sizeof *b->d_cand);
+        CK(cudaMallocHost(&b->h_cnt, (size_t)R * sizeof *b->h_cnt));
+        CK(cudaMallocHost(&b->h_cand, (size_t)R * SAMPLE_CAP * sizeof *b->h_cand));
+        b->h_row = (float *)malloc((size_t)b->vocab * sizeof *b->h_row);
+        b->cand = (fm_candidate *)malloc((size_t)b->vocab * sizeof *b->cand);
+        if (!b->h_row || !b->cand) {
+            snprintf(err, errlen, "out of memory for the sampler");
+            return -1;
+        }
+    }
+    b->sampling = *s;
+    return 0;
+}
+
 static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err,
                    size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
@@ -672,10 +734,14 @@ static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *
     const int mode = !argmax ? MODE_NONE : all_rows ? MODE_ALL : MODE_LAST, rows = mode == MODE_ALL ? n : 1;
     b->att_form = att_form_at(b->pos + n);
     if (run_forward(b, n, mode, err, errlen)) return -1;
-    if (argmax) CK(cudaMemcpyAsync(b->h_am, b->d_am, (size_t)rows * 8, cudaMemcpyDeviceToHost, b->st));
-    CK(cudaStreamSynchronize(b->st));
-    if (argmax)
-        for (int i = 0; i < rows; i++) argmax[i] = fmc_argmax_index(b->h_am[i]);
+    if (argmax && !fm_sampling_greedy(&b->sampling)) {
+        if (sample_rows(b, rows, b->pos + n - rows, argmax, err, errlen)) return -1;
+    } else {
+        if (argmax) CK(cudaMemcpyAsync(b->h_am, b->d_am, (size_t)rows * 8, cudaMemcpyDeviceToHost, b->st));
+        CK(cudaStreamSynchronize(b->st));
+        if (argmax)
+            for (int i = 0; i < rows; i++) argmax[i] = fmc_argmax_index(b->h_am[i]);
+    }
     b->pos += n;
     b->last_rows = n;
     b->last_logit_rows = argmax ? rows : 0;
@@ -922,6 +988,7 @@ extern "C" fm_decode_backend fm_cuda_backend_ops(fm_cuda_backend *b) {
     ops.drafter_ctx = b->has_drafter ? b->dmax_ctx : 0;
     ops.pos = cu_pos;
     ops.eval = cu_eval;
+    ops.set_sampling = cu_set_sampling;
     ops.rewind = cu_rewind;
     ops.commit_features = cu_commit_features;
     ops.draft = cu_draft;

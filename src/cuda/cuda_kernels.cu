@@ -111,6 +111,36 @@ void fmc_argmax(const float *x, int T, int n, unsigned long long *out, int pdl, 
     fmc_launch(k_argmax, dim3((n + ARGMAX_CHUNK - 1) / ARGMAX_CHUNK, T), dim3(256), 0, s, pdl, x, n, out);
 }
 
+/* ---- sampling candidates ---- */
+
+/* grid (ceil(n / ARGMAX_CHUNK), T): the tokens of row t within `range` of its largest logit (from the packed
+ * argmax) appended to out[t][0..cap) in any order; count[t] ends as their number, which may exceed cap. */
+__global__ void k_sample_gather(const float *x, int n, const unsigned long long *am, float range, int cap,
+                                int *count, fmc_candidate *out) {
+    const int t = blockIdx.y, c0 = blockIdx.x * ARGMAX_CHUNK, c1 = min(n, c0 + ARGMAX_CHUNK);
+    const uint32_t key = (uint32_t)(am[t] >> 32);
+    const float m = __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+    const float cut = m - range;
+    const float *r = x + (size_t)t * n;
+    const int lane = threadIdx.x & 31;
+    for (int i0 = c0; i0 < c1; i0 += blockDim.x) {
+        const int i = i0 + threadIdx.x;
+        const bool take = i < c1 && r[i] >= cut;
+        const unsigned mask = __ballot_sync(0xffffffffu, take);
+        if (!mask) continue;
+        int base = 0;
+        if (lane == 0) base = atomicAdd(count + t, __popc(mask)); /* one atomic per warp */
+        base = __shfl_sync(0xffffffffu, base, 0) + __popc(mask & ((1u << lane) - 1));
+        if (take && base < cap) out[(size_t)t * cap + base] = fmc_candidate{r[i], i};
+    }
+}
+
+void fmc_sample_gather(const float *x, int T, int n, const unsigned long long *am, float range, int cap,
+                       int *count, fmc_candidate *out, cudaStream_t s) {
+    k_sample_gather<<<dim3((n + ARGMAX_CHUNK - 1) / ARGMAX_CHUNK, T), 256, 0, s>>>(x, n, am, range, cap,
+                                                                                   count, out);
+}
+
 /* ---- drafter ---- */
 
 __global__ void k_rmsnorm_rows(const float *x, const float *w, int n, float eps, float *y) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "decode/sampler.h"
 
 struct fm_cpu_backend {
     const qwen3_model *model;
@@ -16,6 +17,8 @@ struct fm_cpu_backend {
     int max_eval;
     float *pending; /* [pending_cap][feature width]: rows not yet in the drafter's context */
     int pending_rows, pending_start, pending_cap;
+    fm_sampling sampling;
+    fm_candidate *candidates; /* [vocab], once sampling is on */
 };
 
 int fm_cpu_backend_create(const qwen3_model *m, fm_drafter *drafter, fm_pool *pool, int n_ctx, int max_eval,
@@ -41,6 +44,7 @@ void fm_cpu_backend_free(fm_cpu_backend *b) {
     if (!b) return;
     qwen3_state_free(b->state);
     free(b->pending);
+    free(b->candidates);
     free(b);
 }
 
@@ -51,9 +55,28 @@ static int cpu_pos(void *ctx) {
 static int cpu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err,
                     size_t errlen) {
     fm_cpu_backend *b = ctx;
+    const int pos = qwen3_state_pos(b->state), rows = all_rows ? n : 1, vocab = b->model->hp.vocab;
     const qwen3_out out = !argmax ? QWEN3_OUT_NONE : all_rows ? QWEN3_OUT_ALL_ARGMAX : QWEN3_OUT_LAST_LOGITS;
     if (qwen3_forward(b->model, b->state, b->pool, ids, n, out, err, errlen)) return -1;
-    if (argmax) memcpy(argmax, qwen3_state_argmax(b->state), (size_t)(all_rows ? n : 1) * sizeof *argmax);
+    if (!argmax) return 0;
+    if (fm_sampling_greedy(&b->sampling)) {
+        memcpy(argmax, qwen3_state_argmax(b->state), (size_t)rows * sizeof *argmax);
+        return 0;
+    }
+    const float *logits = qwen3_state_logits(b->state);
+    for (int r = 0; r < rows; r++)
+        argmax[r] =
+            fm_sample_row(logits + (size_t)r * vocab, vocab, &b->sampling, pos + n - rows + r, b->candidates);
+    return 0;
+}
+
+static int cpu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t errlen) {
+    fm_cpu_backend *b = ctx;
+    if (!fm_sampling_greedy(s) && !b->candidates) {
+        b->candidates = malloc((size_t)b->model->hp.vocab * sizeof *b->candidates);
+        if (!b->candidates) return fm_set_error(err, errlen, "out of memory for the sampler");
+    }
+    b->sampling = *s;
     return 0;
 }
 
@@ -122,6 +145,7 @@ fm_decode_backend fm_cpu_backend_ops(fm_cpu_backend *b) {
         .drafter_ctx = b->drafter ? fm_drafter_max_ctx(b->drafter) : 0,
         .pos = cpu_pos,
         .eval = cpu_eval,
+        .set_sampling = cpu_set_sampling,
         .rewind = cpu_rewind,
         .commit_features = cpu_commit_features,
         .draft = cpu_draft,

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "flashmap.h"
+
 typedef struct {
     void *ctx;
     int n_ctx; /* KV cache positions */
@@ -19,9 +21,12 @@ typedef struct {
     int drafter_ctx;       /* drafter context positions; a round needs pos + block + 1 <= drafter_ctx */
     int (*pos)(void *ctx); /* tokens held in the KV cache */
     /* Runs ids[0..n) at positions pos .. pos+n-1. argmax == NULL: fill the cache only; else all_rows ? the
-     * argmax of every row : of the last row only, into argmax[]. */
+     * token of every row : of the last row only, into argmax[]: the argmax, or the draw of set_sampling's
+     * rule (sampler.h). */
     int (*eval)(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err,
                 size_t errlen);
+    /* How eval's rows choose their token from now on (fm_sampling_check'ed). NULL: greedy only. */
+    int (*set_sampling)(void *ctx, const fm_sampling *s, char *err, size_t errlen);
     /* Drops positions >= pos. */
     void (*rewind)(void *ctx, int pos);
     /* The features of rows [0, n) of the last eval become the drafter's context at start .. start+n-1

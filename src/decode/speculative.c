@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "decode/sampler.h"
 
 /* A fallback runs FALLBACK_PLAIN_STRETCH plain steps, then one round probes the drafts again; each probe that
  * still loses doubles the stretch, up to FALLBACK_MAX_STRETCH (drafts that never win cost a round per 129
@@ -74,7 +75,7 @@ void fm_decode_averages_reset(fm_decode_averages *a) {
     fm_width_reset(&a->width);
 }
 
-/* Prefill in chunks; every chunk's features go to the drafter. Returns the argmax of the last row. */
+/* Prefill in chunks; every chunk's features go to the drafter. Returns the last row's token. */
 static int prefill(const fm_decode_backend *b, const int32_t *ids, int n, int32_t *first, char *err,
                    size_t errlen) {
     for (int i = 0; i < n; i += b->max_eval) {
@@ -124,6 +125,10 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
     if (n_ids < 1) return fm_set_error(err, errlen, "nothing to decode: the prompt is empty");
     if (p->speculative && !b->block)
         return fm_set_error(err, errlen, "speculative decoding needs a drafter (-d)");
+    if (fm_sampling_check(&p->sampling, err, errlen)) return -1;
+    if (!b->set_sampling && !fm_sampling_greedy(&p->sampling))
+        return fm_set_error(err, errlen, "this backend decodes greedily only");
+    if (b->set_sampling && b->set_sampling(b->ctx, &p->sampling, err, errlen)) return -1;
     const int n_ctx = b->n_ctx, vocab = b->vocab, block = b->block, drafter_ctx = b->drafter_ctx;
     if (b->pos(b->ctx) + n_ids >= n_ctx)
         return fm_set_error(err, errlen,

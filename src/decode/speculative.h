@@ -1,9 +1,10 @@
-/* speculative.h: lossless greedy decoding of a Qwen3 target, plain or with the FlashMap drafter.
+/* speculative.h: lossless decoding of a Qwen3 target, plain or with the FlashMap drafter.
  *
  * A round: the drafter proposes `block` tokens after the anchor (the last token not yet in the target's KV
- * cache); the target verifies [anchor, d1..dK] in one forward and returns the argmax of every row; the
- * longest prefix with d_i == row_{i-1} is accepted, plus the target's own token at the first mismatch, so
- * every round yields at least one token and the output is exactly the target's greedy decoding. The KV cache
+ * cache); the target verifies [anchor, d1..dK] in one forward and returns the token of every row (its argmax,
+ * or its seeded draw when sampling: sampler.h); the longest prefix with d_i == row_{i-1} is accepted, plus
+ * the target's own token at the first mismatch, so every round yields at least one token and the output is
+ * exactly the target's own decoding, greedy or sampled. The KV cache
  * is rewound past the rejected rows, and the drafter's context at pos .. pos+accepted is overwritten with the
  * target's features of the accepted rows. */
 #ifndef FM_DECODE_SPECULATIVE_H

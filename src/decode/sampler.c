@@ -1,0 +1,155 @@
+/* sampler.c: greedy choice and seeded draws from a row of logits (sampler.h). The filters follow Hugging
+ * Face's logits warpers in their order (temperature, top-k, top-p, min-p), computed in double on the
+ * candidates sorted by logit (ties by id), so one row always gives one token on any thread count. */
+#include "decode/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "cpu/ops.h"
+
+int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen) {
+    if (!(s->temperature >= 0) || s->temperature > 100)
+        return fm_set_error(err, errlen, "temperature must be in [0, 100], got %g", (double)s->temperature);
+    if (s->top_k < 0)
+        return fm_set_error(err, errlen, "top-k must be 0 (no limit) or more, got %d", s->top_k);
+    if (!(s->top_p > 0) || s->top_p > 1)
+        return fm_set_error(err, errlen, "top-p must be in (0, 1], got %g", (double)s->top_p);
+    if (!(s->min_p >= 0) || s->min_p >= 1)
+        return fm_set_error(err, errlen, "min-p must be in [0, 1), got %g", (double)s->min_p);
+    return 0;
+}
+
+double fm_sample_uniform(uint64_t seed, int pos) {
+    /* A counter-based draw: the position picks the stream, so no state passes between rows or rounds. */
+    uint64_t st = seed ^ ((uint64_t)(uint32_t)pos * 0xd1b54a32d192ed03ull);
+    (void)fm_splitmix64(&st);
+    return fm_rng_uniform(&st);
+}
+
+int fm_sample_gather(const float *row, int vocab, float temperature, fm_candidate *out) {
+    const float cut = row[fm_argmax(row, vocab)] - FM_SAMPLE_RANGE * temperature;
+    int n = 0;
+    for (int i = 0; i < vocab; i++)
+        if (row[i] >= cut) out[n++] = (fm_candidate){row[i], i, 0};
+    return n;
+}
+
+/* Larger logit first, then the lower id. */
+static int by_logit_desc(const void *pa, const void *pb) {
+    const fm_candidate *a = pa, *b = pb;
+    if (a->logit != b->logit) return a->logit > b->logit ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* The k-th largest logit of c[0..n) (1 <= k <= n), by a min-heap of the k largest seen. */
+static float kth_largest(const fm_candidate *c, int n, int k, float *heap) {
+    int h = 0;
+    for (int i = 0; i < n; i++) {
+        const float v = c[i].logit;
+        if (h < k) {
+            int j = h++;
+            while (j > 0 && heap[(j - 1) / 2] > v) heap[j] = heap[(j - 1) / 2], j = (j - 1) / 2;
+            heap[j] = v;
+        } else if (v > heap[0]) {
+            int j = 0;
+            for (;;) {
+                int m = 2 * j + 1;
+                if (m >= k) break;
+                if (m + 1 < k && heap[m + 1] < heap[m]) m++;
+                if (heap[m] >= v) break;
+                heap[j] = heap[m];
+                j = m;
+            }
+            heap[j] = v;
+        }
+    }
+    return heap[0];
+}
+
+/* Applies the filters; returns how many of the sorted candidates remain, their w set. */
+static int filter(fm_candidate *c, int n, const fm_sampling *s) {
+    float m = c[0].logit;
+    for (int i = 1; i < n; i++)
+        if (c[i].logit > m) m = c[i].logit;
+    const double t = s->temperature;
+    int kept = 0;
+    for (int i = 0; i < n; i++)
+        if (((double)c[i].logit - m) / t >= -(double)FM_SAMPLE_RANGE) c[kept++] = c[i];
+    if (kept == 0) kept = 1; /* every logit -inf: the first stays, alone */
+    n = kept;
+    if (s->top_k > 0 && n > s->top_k) {
+        /* Hugging Face keeps every token tied with the k-th largest logit. */
+        float *heap = malloc((size_t)s->top_k * sizeof *heap);
+        if (heap) {
+            const float vk = kth_largest(c, n, s->top_k, heap);
+            free(heap);
+            kept = 0;
+            for (int i = 0; i < n; i++)
+                if (c[i].logit >= vk) c[kept++] = c[i];
+            n = kept;
+        } else {
+            /* No room for the heap: sort first, the k-th is then in place (same set). */
+            qsort(c, (size_t)n, sizeof *c, by_logit_desc);
+            const float vk = c[s->top_k - 1].logit;
+            while (n > s->top_k && c[n - 1].logit < vk) n--;
+        }
+    }
+    qsort(c, (size_t)n, sizeof *c, by_logit_desc);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += c[i].w = exp(((double)c[i].logit - m) / t);
+    if (s->top_p < 1) {
+        /* Keep a token while the mass of those before it is under top_p (HF: its ascending cumulative
+         * probability, itself included, exceeds 1 - top_p); the first always stays. */
+        const double limit = (double)s->top_p * sum;
+        double before = 0;
+        for (int i = 0; i < n; i++) {
+            if (i > 0 && before >= limit) {
+                n = i;
+                break;
+            }
+            before += c[i].w;
+        }
+    }
+    if (s->min_p > 0) {
+        const double floor_w = (double)s->min_p * c[0].w;
+        for (int i = 1; i < n; i++)
+            if (c[i].w < floor_w) {
+                n = i;
+                break;
+            }
+    }
+    return n;
+}
+
+int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, double u) {
+    n = filter(c, n, s);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += c[i].w;
+    const double target = u * sum;
+    double run = 0;
+    for (int i = 0; i < n; i++) {
+        run += c[i].w;
+        if (target < run) return c[i].id;
+    }
+    return c[n - 1].id; /* u * sum rounded up to the total */
+}
+
+int fm_sample_distribution(fm_candidate *c, int n, const fm_sampling *s, int32_t *ids, double *p,
+                           int *n_out) {
+    n = filter(c, n, s);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += c[i].w;
+    for (int i = 0; i < n; i++) ids[i] = c[i].id, p[i] = c[i].w / sum;
+    *n_out = n;
+    return 0;
+}
+
+int32_t fm_sample_row(const float *row, int vocab, const fm_sampling *s, int pos, fm_candidate *scratch) {
+    if (fm_sampling_greedy(s)) return (int32_t)fm_argmax(row, vocab);
+    const int n = fm_sample_gather(row, vocab, s->temperature, scratch);
+    if (n == 0) return (int32_t)fm_argmax(row, vocab); /* a row of NaN */
+    return fm_sample_pick(scratch, n, s, fm_sample_uniform(s->seed, pos));
+}

@@ -1,0 +1,57 @@
+/* sampler.h: the token a row of logits chooses under fm_sampling (flashmap.h): the argmax, or a draw made
+ * with a uniform number that depends only on the seed and the row's position. Both backends call it on rows
+ * that are the same bits whether a plain step or a verify block computed them, so a round's rows choose
+ * what plain steps would have chosen, and speculative output stays plain output.
+ *
+ * A draw works on candidates: (logit, id) pairs holding at least every token within FM_SAMPLE_RANGE x
+ * temperature of the row's largest logit (a backend may gather them on its own device); the rest are never
+ * drawn (each is less likely than e^-30 times the most likely token). */
+#ifndef FM_DECODE_SAMPLER_H
+#define FM_DECODE_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashmap.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FM_SAMPLE_RANGE 30.0f
+
+typedef struct {
+    float logit;
+    int32_t id;
+    double w; /* scratch: the candidate's unnormalised probability */
+} fm_candidate;
+
+static inline int fm_sampling_greedy(const fm_sampling *s) {
+    return !s || !(s->temperature > 0);
+}
+
+/* 0, or -1 with one line naming the setting that is out of range. */
+int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen);
+
+/* The uniform number in [0, 1) of the row at position pos (the draw of the token at pos + 1). */
+double fm_sample_uniform(uint64_t seed, int pos);
+
+/* The candidates of a row (see above) into out[] (room for vocab); returns how many. */
+int fm_sample_gather(const float *row, int vocab, float temperature, fm_candidate *out);
+
+/* The token drawn from n >= 1 candidates (reordered in place) with uniform u. */
+int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, double u);
+
+/* The token of a row at position pos: argmax (ties to the lowest id) when greedy, else a draw; scratch
+ * has room for vocab candidates (unused when greedy). */
+int32_t fm_sample_row(const float *row, int vocab, const fm_sampling *s, int pos, fm_candidate *scratch);
+
+/* The probabilities the draw uses, for tests: after fm_sample_pick's filters, ids[0..*n) with p[0..*n)
+ * summing to 1, most likely first. Returns 0. */
+int fm_sample_distribution(fm_candidate *c, int n, const fm_sampling *s, int32_t *ids, double *p, int *n_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

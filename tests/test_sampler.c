@@ -1,0 +1,224 @@
+/* test_sampler.c: the sampler (src/decode/sampler.c) against Hugging Face transformers and against itself.
+ *   1. tests/fixtures/sampling/cases.json (scripts/make_sampling_fixtures.py): for rows of logits and
+ *      temperature / top-k / top-p / min-p settings, the tokens HF's warpers keep and their probabilities.
+ *      Ours must keep the same tokens (but those HF gives less than e^-30 x the top probability, which ours
+ *      never draws) with the same probabilities.
+ *   2. Draws follow the kept distribution: N stratified uniforms give every token N p +- 1 draws.
+ *   3. A draw depends on the row, the settings and u only: not on the order of the candidates, nor on
+ *      extra candidates past the range (the GPU gathers a superset); greedy is the argmax; the uniforms of
+ *      (seed, position) are uniform and differ by seed; bad settings are refused with a message. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "decode/sampler.h"
+#include "test_util.h"
+
+enum { MAX_V = 1024 };
+
+static fm_sampling settings_of(const cJSON *c) {
+    fm_sampling s = {0};
+    s.temperature = (float)cJSON_GetObjectItem(c, "temperature")->valuedouble;
+    s.top_k = cJSON_GetObjectItem(c, "top_k")->valueint;
+    s.top_p = (float)cJSON_GetObjectItem(c, "top_p")->valuedouble;
+    s.min_p = (float)cJSON_GetObjectItem(c, "min_p")->valuedouble;
+    return s;
+}
+
+/* The row's logits (JSON null: -inf); returns its length. */
+static int row_of(const cJSON *rows, const char *name, float *out) {
+    const cJSON *r = cJSON_GetObjectItem(rows, name), *v;
+    int n = 0;
+    cJSON_ArrayForEach(v, r) {
+        if (n < MAX_V) out[n++] = cJSON_IsNull(v) ? -INFINITY : (float)v->valuedouble;
+    }
+    return n;
+}
+
+static int check_fixture(void) {
+    const char *src = getenv("FM_SOURCE_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/fixtures/sampling/cases.json", src ? src : ".");
+    char *text = fm_test_read_file(path, NULL);
+    CHECK_MSG(text != NULL, "cannot read %s (set FM_SOURCE_DIR)", path);
+    if (!text) return 0;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    CHECK_MSG(root != NULL, "%s is not JSON", path);
+    if (!root) return 0;
+    const cJSON *rows = cJSON_GetObjectItem(root, "rows"), *c;
+    static float logits[MAX_V];
+    static fm_candidate cand[MAX_V];
+    static int32_t ids[MAX_V];
+    static double p[MAX_V];
+    int n_cases = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases")) {
+        const char *name = cJSON_GetObjectItem(c, "row")->valuestring;
+        const int V = row_of(rows, name, logits);
+        const fm_sampling s = settings_of(c);
+        const int n_cand = fm_sample_gather(logits, V, s.temperature, cand);
+        int n = 0;
+        fm_sample_distribution(cand, n_cand, &s, ids, p, &n);
+        /* HF's kept tokens and probabilities, by id. */
+        static double hf[MAX_V];
+        for (int i = 0; i < V; i++) hf[i] = -1;
+        const cJSON *hid = cJSON_GetObjectItem(c, "ids"), *hp = cJSON_GetObjectItem(c, "probs");
+        double hf_max = 0;
+        for (int i = 0; i < cJSON_GetArraySize(hid); i++) {
+            const int id = cJSON_GetArrayItem(hid, i)->valueint;
+            hf[id] = cJSON_GetArrayItem(hp, i)->valuedouble;
+            hf_max = fmax(hf_max, hf[id]);
+        }
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            const double want = hf[ids[i]];
+            if (want < 0 || fabs(p[i] - want) > 1e-6 + 1e-5 * want) {
+                if (!bad++)
+                    fprintf(stderr, "%s T %g k %d p %g min-p %g: token %d p %.9g, HF %.9g\n", name,
+                            (double)s.temperature, s.top_k, (double)s.top_p, (double)s.min_p, ids[i], p[i],
+                            want);
+            }
+            hf[ids[i]] = -1; /* seen */
+        }
+        for (int i = 0; i < V; i++)
+            if (hf[i] >= hf_max * exp(-(double)FM_SAMPLE_RANGE + 0.1)) {
+                if (!bad++)
+                    fprintf(stderr, "%s T %g k %d p %g min-p %g: HF keeps token %d (p %.9g), we do not\n",
+                            name, (double)s.temperature, s.top_k, (double)s.top_p, (double)s.min_p, i, hf[i]);
+            }
+        CHECK_MSG(bad == 0, "case %d (%s): %d tokens differ from HF's", n_cases, name, bad);
+        n_cases++;
+    }
+    cJSON_Delete(root);
+    return n_cases;
+}
+
+/* Stratified uniforms through the inverse CDF: every token drawn N p_i times, give or take one. */
+static void check_draw_frequencies(void) {
+    enum { V = 200, N = 20000 };
+    static float row[V];
+    static fm_candidate cand[V], work[V];
+    static int32_t ids[V];
+    static double p[V];
+    static int count[V];
+    uint64_t st = 99;
+    for (int i = 0; i < V; i++) row[i] = (float)(4 * (fm_rng_uniform(&st) - 0.5));
+    const fm_sampling settings[] = {{1.0f, 0, 1, 0, 0}, {0.7f, 20, 0.9f, 0, 0}, {1.5f, 0, 0.8f, 0.05f, 0}};
+    for (int k = 0; k < 3; k++) {
+        const fm_sampling *s = &settings[k];
+        int n = 0;
+        const int nc = fm_sample_gather(row, V, s->temperature, cand);
+        memcpy(work, cand, sizeof cand);
+        fm_sample_distribution(work, nc, s, ids, p, &n);
+        memset(count, 0, sizeof count);
+        for (int i = 0; i < N; i++) {
+            memcpy(work, cand, sizeof cand);
+            count[fm_sample_pick(work, nc, s, (i + 0.5) / N)]++;
+        }
+        int worst = 0, drawn = 0;
+        for (int i = 0; i < n; i++) {
+            const int d = abs(count[ids[i]] - (int)lround(N * p[i]));
+            worst = d > worst ? d : worst;
+            drawn += count[ids[i]];
+        }
+        CHECK_MSG(drawn == N, "setting %d: %d of %d draws outside the kept tokens", k, N - drawn, N);
+        CHECK_MSG(worst <= 1, "setting %d: a token's draws are %d away from N p", k, worst);
+        CHECK_MSG(n > 1 && (k == 0 || n < V), "setting %d keeps %d tokens", k, n);
+    }
+}
+
+static void check_invariance(void) {
+    enum { V = 500 };
+    static float row[V];
+    static fm_candidate cand[V + 8], work[V + 8];
+    uint64_t st = 7;
+    for (int i = 0; i < V; i++) row[i] = (float)(6 * (fm_rng_uniform(&st) - 0.5));
+    row[123] = row[77]; /* a tie */
+    const fm_sampling s = {0.8f, 40, 0.95f, 0.02f, 0};
+    const int nc = fm_sample_gather(row, V, s.temperature, cand);
+    int same_order = 0, same_extra = 0;
+    for (int t = 0; t < 200; t++) {
+        const double u = fm_rng_uniform(&st);
+        memcpy(work, cand, sizeof cand);
+        const int32_t want = fm_sample_pick(work, nc, &s, u);
+        /* Shuffled. */
+        memcpy(work, cand, sizeof cand);
+        for (int i = nc - 1; i > 0; i--) {
+            const int j = (int)(fm_splitmix64(&st) % (uint64_t)(i + 1));
+            const fm_candidate x = work[i];
+            work[i] = work[j], work[j] = x;
+        }
+        same_order += fm_sample_pick(work, nc, &s, u) == want;
+        /* With candidates past the range (as the GPU's looser gather brings). */
+        memcpy(work, cand, sizeof cand);
+        for (int i = 0; i < 8; i++)
+            work[nc + i] =
+                (fm_candidate){cand[0].logit - (FM_SAMPLE_RANGE + 0.5f) * s.temperature - 10, i, 0};
+        same_extra += fm_sample_pick(work, nc + 8, &s, u) == want;
+    }
+    CHECK_MSG(same_order == 200, "%d of 200 draws changed with the candidates' order", 200 - same_order);
+    CHECK_MSG(same_extra == 200, "%d of 200 draws changed with candidates past the range", 200 - same_extra);
+
+    /* Greedy: the argmax, ties to the lowest id. */
+    row[300] = row[400] = 10;
+    const fm_sampling greedy = {0, 40, 0.5f, 0, 1};
+    CHECK(fm_sample_row(row, V, &greedy, 5, NULL) == 300);
+    row[400] = 9; /* no tie from here: HF's top-k 1 keeps every token tied with the first */
+    /* A cold temperature draws the argmax too; top-k 1 always does. */
+    const fm_sampling cold = {0.01f, 0, 1, 0, 3}, k1 = {2.0f, 1, 1, 0, 3};
+    int argmax_draws = 0;
+    for (int pos = 0; pos < 100; pos++)
+        argmax_draws +=
+            fm_sample_row(row, V, &cold, pos, cand) == 300 && fm_sample_row(row, V, &k1, pos, cand) == 300;
+    CHECK_MSG(argmax_draws == 100, "%d of 100", argmax_draws);
+    /* A warm one draws other tokens. */
+    const fm_sampling warm = {1.0f, 0, 1, 0, 3};
+    int others = 0;
+    for (int pos = 0; pos < 100; pos++) others += fm_sample_row(row, V, &warm, pos, cand) != 300;
+    CHECK_MSG(others > 10, "only %d of 100 warm draws left the argmax (p about 0.3 each)", others);
+}
+
+static void check_uniforms(void) {
+    double sum = 0, lo = 1, hi = 0;
+    int differ = 0;
+    for (int pos = 0; pos < 100000; pos++) {
+        const double u = fm_sample_uniform(42, pos);
+        sum += u;
+        lo = fmin(lo, u), hi = fmax(hi, u);
+        differ += u != fm_sample_uniform(43, pos);
+    }
+    CHECK_NEAR(sum / 100000, 0.5, 0.005);
+    CHECK(lo >= 0 && lo < 0.001 && hi < 1 && hi > 0.999);
+    CHECK(differ == 100000);
+    CHECK(fm_sample_uniform(42, 17) == fm_sample_uniform(42, 17));
+}
+
+static void check_settings(void) {
+    char err[256];
+    const fm_sampling ok = {0.7f, 20, 0.8f, 0, 1}, greedy = {0, 0, 1, 0, 0};
+    CHECK(fm_sampling_check(&ok, err, sizeof err) == 0);
+    CHECK(fm_sampling_check(&greedy, err, sizeof err) == 0);
+    const fm_sampling bad[] = {{-1, 0, 1, 0, 0},   {NAN, 0, 1, 0, 0}, {1, -2, 1, 0, 0},   {1, 0, 0, 0, 0},
+                               {1, 0, 1.5f, 0, 0}, {1, 0, 1, 1, 0},   {1, 0, 1, -0.1f, 0}};
+    static const char *const names[] = {"temperature", "temperature", "top-k", "top-p",
+                                        "top-p",       "min-p",       "min-p"};
+    for (int i = 0; i < 7; i++) {
+        err[0] = 0;
+        CHECK_MSG(fm_sampling_check(&bad[i], err, sizeof err) != 0 && strstr(err, names[i]),
+                  "setting %d: '%s'", i, err);
+    }
+}
+
+int main(void) {
+    const int n = check_fixture();
+    printf("HF fixture cases: %d\n", n);
+    CHECK_MSG(n >= 60, "only %d fixture cases", n);
+    check_draw_frequencies();
+    check_invariance();
+    check_uniforms();
+    check_settings();
+    return fm_test_report("test_sampler");
+}
