@@ -7,6 +7,10 @@ read from its "listening on" line) and checks:
   --chat (with --system, --no-think); a multi-turn chat == /v1/completions on the Qwen3 template written out
   here; streamed chunks concatenate to the same text, with [DONE] last and usage when asked;
 - stop strings (earliest wins, held-back partial matches are released, streaming and not);
+- sampling: the same seed gives the same text (twice, from `generate`, from a plain-decoding server whose
+  command line sets the same settings as defaults, from one that never falls back to plain steps, streamed or
+  not); different seeds give different texts; a sampled request without a seed reports the one drawn, which
+  gives the same text back; temperature 0 is the greedy text whatever the other settings;
 - every refusal: status, OpenAI error object, and a message naming the problem; the server stays up;
 - the prompt cache: a prompt that continues the last conversation reports cached tokens and still equals
   generate's reply from scratch;
@@ -124,9 +128,9 @@ class Server:
         return rc
 
 
-def generate(prompt, n, chat=False, system=None, think=True):
+def generate(prompt, n, chat=False, system=None, think=True, extra=()):
     """generate's text (its streamed stdout, which keeps every byte), prompt and new token counts, stop."""
-    args = [CLI, "generate", "-m", TARGET, "-d", DRAFTER, "-p", prompt, "-n", str(n), "-t", "2"]
+    args = [CLI, "generate", "-m", TARGET, "-d", DRAFTER, "-p", prompt, "-n", str(n), "-t", "2"] + list(extra)
     if chat:
         args.append("--chat")
     if system is not None:
@@ -366,6 +370,123 @@ def test_stop_strings(s):
     check(r["choices"][0]["message"]["content"] == ct[: ct.index(stop)], "chat stop string")
 
 
+# ---- sampling ----
+
+SAMPLED = {"temperature": 0.9, "top_p": 0.95, "seed": 5}
+SAMPLED_ARGS = ["--temp", "0.9", "--top-p", "0.95", "--seed", "5"]  # the same, on a command line
+SAMPLED_STATS = {"temperature": 0.9, "top_k": 0, "top_p": 0.95, "min_p": 0, "seed": 5}
+
+
+def completion(s, body, what):
+    status, r = s.post("/v1/completions", body)
+    check(status == 200, "%s: %d %r" % (what, status, r))
+    return r
+
+
+def test_sampling_reproducible(s):
+    """A draw depends on (seed, position) alone: the same seed gives the same text, again (from the prompt
+    cache), from `generate`, plain or speculative, from a server's command-line defaults."""
+    greedy = whole(s, "Hello world", 40)["choices"][0]["text"]
+    body = dict({"prompt": "Hello world", "max_tokens": 40}, **SAMPLED)
+    a = completion(s, body, "sampled")
+    text = a["choices"][0]["text"]
+    check(text != greedy, "temperature 0.9 gave the greedy text %r: was it sampled?" % text)
+    check(a["flashmap"]["seed"] == 5 and a["flashmap"]["sampling"] == SAMPLED_STATS,
+          "sampled: flashmap reports %r" % a["flashmap"])
+    b = completion(s, dict(body, top_k=-1), "sampled again, top_k -1")  # -1: no limit, as 0 (vLLM's way)
+    check(b["choices"][0]["text"] == text, "the same seed twice: %r vs %r" % (b["choices"][0]["text"], text))
+    check(b["flashmap"]["sampling"] == SAMPLED_STATS, "top_k -1: flashmap %r" % b["flashmap"])
+    check(b["usage"]["prompt_tokens_details"]["cached_tokens"] == b["usage"]["prompt_tokens"] - 1,
+          "the second request came from the prompt cache: %r" % b["usage"])
+    check_reply("completions", a, generate("Hello world", 40, extra=SAMPLED_ARGS), "sampled vs generate --temp")
+    # A server that never falls back to plain steps: every token comes out of a verify block.
+    spec = Server(["--no-fallback"])
+    r = completion(spec, body, "--no-fallback server")
+    f = r["flashmap"]
+    check(f["speculative"] and f["rounds"] > 0 and f["plain_steps"] <= 1, "--no-fallback stats: %r" % f)
+    check(r["choices"][0]["text"] == text, "speculative (no fallback) vs fallback server: %r vs %r"
+          % (r["choices"][0]["text"], text))
+    check(spec.stop() == 0, "the --no-fallback server's exit: %s" % spec.log())
+    # Plain decoding, the sampling settings given on the command line: a request without them takes them.
+    plain = Server(["--no-spec"] + SAMPLED_ARGS)
+    check(any("plain decoding, temperature 0.9 by default" in l for l in plain.lines), "start line: %s" % plain.log())
+    for what, req in (("defaults", {"prompt": "Hello world", "max_tokens": 40}), ("explicit", body)):
+        r = completion(plain, req, "plain server, " + what)
+        f = r["flashmap"]
+        check(f["speculative"] is False and f["rounds"] == 0, "plain server: %r" % f)
+        check(f["seed"] == 5 and f["sampling"] == SAMPLED_STATS, "plain server, %s: flashmap %r" % (what, f))
+        check(r["choices"][0]["text"] == text, "plain server, %s: %r vs speculative %r"
+              % (what, r["choices"][0]["text"], text))
+    # the request's own settings win over the command line's: temperature 0 is greedy, another seed differs
+    r = completion(plain, {"prompt": "Hello world", "max_tokens": 40, "temperature": 0}, "plain server, greedy")
+    check(r["choices"][0]["text"] == greedy and r["flashmap"]["seed"] is None, "plain server, temperature 0: %r" % r)
+    r = completion(plain, {"prompt": "Hello world", "max_tokens": 40, "seed": 6}, "plain server, seed 6")
+    check(r["flashmap"]["seed"] == 6 and r["choices"][0]["text"] != text, "plain server, seed 6: %r" % r)
+    check(plain.stop() == 0, "the plain server's exit: %s" % plain.log())
+
+
+def test_sampling_seeds(s):
+    """Different seeds, different texts; without a seed, a fresh one per request, reported and reusable."""
+    base = {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "temperature": 1.5}
+    texts = {}
+    for seed in (1, 2, 3):
+        r = completion(s, dict(base, seed=seed), "seed %d" % seed)
+        check(r["usage"]["completion_tokens"] == 40 and r["flashmap"]["seed"] == seed, "seed %d: %r" % (seed, r))
+        texts[seed] = r["choices"][0]["text"]
+    check(len(set(texts.values())) == 3, "three seeds, three texts: %r" % texts)
+    seeds = []
+    for i in range(2):
+        r = completion(s, base, "no seed %d" % i)
+        seed = r["flashmap"]["seed"]
+        check(isinstance(seed, int) and 0 <= seed < 2 ** 53, "a drawn seed: %r" % r["flashmap"])
+        check(r["flashmap"]["sampling"]["seed"] == seed, "sampling.seed: %r" % r["flashmap"])
+        again = completion(s, dict(base, seed=seed), "the drawn seed given back")
+        check(again["choices"][0]["text"] == r["choices"][0]["text"], "seed %d given back: another text" % seed)
+        seeds.append(seed)
+    check(seeds[0] != seeds[1], "two requests without a seed drew the same one: %r" % seeds)
+
+
+def test_sampling_greedy(s):
+    """Temperature 0 is greedy (generate's text) whatever the other settings, and reports no seed; top_k 1 or
+    a tiny top_p (the most likely token alone: the tiny model's vocabulary is under 1000) sample the greedy
+    text, so the filters do reach the engine."""
+    greedy = whole(s, "Hello world", 40)["choices"][0]["text"]
+    for extra in ({"temperature": 0}, {"temperature": 0, "seed": 5, "top_p": 0.5, "top_k": 3, "min_p": 0.2},
+                  {"temperature": None, "seed": 9}):
+        r = completion(s, dict(extra, prompt="Hello world", max_tokens=40), "greedy %r" % extra)
+        check(r["choices"][0]["text"] == greedy, "%r: not the greedy text" % extra)
+        check(r["flashmap"]["seed"] is None and "sampling" not in r["flashmap"], "%r: flashmap %r" % (extra, r["flashmap"]))
+    for extra in ({"top_k": 1}, {"top_p": 0.001}):
+        body = dict(extra, prompt="Hello world", max_tokens=40, temperature=1.5, seed=3)
+        r = completion(s, body, "sampled %r" % extra)
+        check(r["choices"][0]["text"] == greedy, "temperature 1.5 with %r: not the greedy text" % extra)
+        check(r["flashmap"]["sampling"] == dict({"temperature": 1.5, "top_k": 0, "top_p": 1, "min_p": 0, "seed": 3},
+                                                **extra), "%r: flashmap %r" % (extra, r["flashmap"]))
+        del body[list(extra)[0]]
+        r = completion(s, body, "sampled without %r" % extra)
+        check(r["choices"][0]["text"] != greedy, "temperature 1.5 without %r: the greedy text" % extra)
+
+
+def test_sampling_stream(s):
+    """A sampled stream concatenates to the sampled text of the same seed, chat and completions."""
+    body = dict({"prompt": "1 2 3", "max_tokens": 60}, **SAMPLED)
+    w = completion(s, body, "sampled")
+    text, finish, last, _ = stream_text("completions", s.stream("/v1/completions", dict(body, stream=True)))
+    check(text == w["choices"][0]["text"] and finish == w["choices"][0]["finish_reason"],
+          "sampled stream %r vs %r" % (text, w["choices"][0]["text"]))
+    check(last["flashmap"]["seed"] == 5 and last["flashmap"]["sampling"] == SAMPLED_STATS, "stream flashmap %r" % last)
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 50, "temperature": 1.2, "top_k": 50,
+            "min_p": 0.01}
+    text, _, last, _ = stream_text("chat", s.stream("/v1/chat/completions", dict(chat, stream=True)))
+    seed = last["flashmap"]["seed"]
+    check(isinstance(seed, int), "chat stream: its seed %r" % last["flashmap"])
+    check(last["flashmap"]["sampling"] == {"temperature": 1.2, "top_k": 50, "top_p": 1, "min_p": 0.01, "seed": seed},
+          "chat stream: flashmap %r" % last["flashmap"])
+    status, c = s.post("/v1/chat/completions", dict(chat, seed=seed))
+    check(status == 200 and c["choices"][0]["message"]["content"] == text,
+          "chat: the stream's seed given back, not streamed: %r vs %r" % (c["choices"][0]["message"]["content"], text))
+
+
 COMPLETION_ERRORS = [
     # (body, status, words the message must hold, param)
     (b"", 400, ["empty"], None),
@@ -384,13 +505,26 @@ COMPLETION_ERRORS = [
     ({"prompt": "x", "stop": 5}, 400, ["'stop' must be a string or an array"], "stop"),
     ({"prompt": "x", "stop": [""]}, 400, ["stop[0]"], "stop"),
     ({"prompt": "x", "stop": ["a"] * 17}, 400, ["at most 16"], "stop"),
-    ({"prompt": "x", "temperature": 0.7}, 400, ["'temperature' must be 0", "greedily", "0.7"], "temperature"),
-    ({"prompt": "x", "temperature": "hot"}, 400, ["'temperature' must be a number"], "temperature"),
-    ({"prompt": "x", "top_p": 0.9}, 400, ["'top_p' must be 1", "greedily"], "top_p"),
-    ({"prompt": "x", "n": 2}, 400, ["'n' must be 1"], "n"),
+    ({"prompt": "x", "temperature": -1}, 400, ["'temperature' must be from 0 (greedy) to 2", "got -1"], "temperature"),
+    ({"prompt": "x", "temperature": 2.5}, 400, ["'temperature' must be from 0 (greedy) to 2", "got 2.5"], "temperature"),
+    ({"prompt": "x", "temperature": "hot"}, 400, ["'temperature' must be a number", "string"], "temperature"),
+    ({"prompt": "x", "top_p": 0}, 400, ["'top_p' must be more than 0 and at most 1", "got 0"], "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, 400, ["'top_p' must be more than 0 and at most 1", "got 1.5"], "top_p"),
+    ({"prompt": "x", "top_p": 1e-60}, 400, ["'top_p' must be more than 0"], "top_p"),  # 0 as the engine's float
+    ({"prompt": "x", "top_k": -5}, 400, ["'top_k' must be a whole number from 0", "-1: no limit", "got -5"], "top_k"),
+    ({"prompt": "x", "top_k": 2.5}, 400, ["'top_k' must be a whole number"], "top_k"),
+    ({"prompt": "x", "min_p": 1}, 400, ["'min_p' must be at least 0 and less than 1", "got 1"], "min_p"),
+    ({"prompt": "x", "min_p": 0.9999999999}, 400, ["'min_p'", "less than 1"], "min_p"),  # 1 as a float
+    ({"prompt": "x", "min_p": -0.1}, 400, ["'min_p' must be at least 0"], "min_p"),
+    ({"prompt": "x", "seed": -3}, 400, ["'seed' must not be negative", "got -3"], "seed"),
+    ({"prompt": "x", "seed": 1.5}, 400, ["'seed' must be a whole number"], "seed"),
+    ({"prompt": "x", "seed": 2 ** 53}, 400, ["'seed' must be from 0 to 9007199254740991"], "seed"),
+    ({"prompt": "x", "seed": "5"}, 400, ["'seed' must be a whole number", "string"], "seed"),
+    ({"prompt": "x", "n": 2}, 400, ["'n' must be 1", "one choice"], "n"),
     ({"prompt": "x", "best_of": 3}, 400, ["'best_of' must be 1"], "best_of"),
-    ({"prompt": "x", "top_k": 40}, 400, ["'top_k'"], "top_k"),
-    ({"prompt": "x", "presence_penalty": 0.5}, 400, ["'presence_penalty' must be 0"], "presence_penalty"),
+    ({"prompt": "x", "presence_penalty": 0.5}, 400, ["'presence_penalty' must be 0", "no penalties"], "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -1}, 400, ["'frequency_penalty' must be 0"], "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 1.1}, 400, ["'repetition_penalty' must be 1"], "repetition_penalty"),
     ({"prompt": "x", "logprobs": 5}, 400, ["'logprobs' is not supported"], "logprobs"),
     ({"prompt": "x", "echo": True}, 400, ["'echo' is not supported"], "echo"),
     ({"prompt": "x", "model": 7}, 400, ["'model' must be a string"], "model"),
@@ -411,8 +545,9 @@ CHAT_ERRORS = [
      ["'chat_template_kwargs' must be an object"], "chat_template_kwargs"),
     ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}, 400,
      ["'enable_thinking' must be true or false"], "chat_template_kwargs.enable_thinking"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": 1}, 400, ["'temperature' must be 0"],
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, 400, ["'temperature' must be from 0"],
      "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 1, "top_p": 0}, 400, ["'top_p'"], "top_p"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, ["'logprobs' is not supported"],
      "logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400,
@@ -443,6 +578,12 @@ def test_request_errors(s):
           "top_k": -1, "stop": None, "user": "u", "some_extension": {"x": 1}, "ignore_eos": False}
     status, r = s.post("/v1/completions", ok)
     check(status == 200 and r["usage"]["completion_tokens"] == 3, "greedy settings accepted: %r" % r)
+    # the edges of the sampling ranges are accepted
+    for edge in ({"temperature": 2, "top_p": 1, "top_k": 0, "min_p": 0, "seed": 2 ** 53 - 1},
+                 {"temperature": 1e-3, "top_p": 1e-3, "top_k": 1 << 30, "min_p": 0.999, "seed": 0},
+                 {"temperature": None, "top_p": None, "top_k": None, "min_p": None, "seed": None}):
+        status, r = s.post("/v1/completions", dict(edge, prompt="Hi", max_tokens=3))
+        check(status == 200 and r["usage"]["completion_tokens"] == 3, "sampling edges %r: %r" % (edge, r))
 
 
 def test_http_errors(s):
@@ -631,7 +772,9 @@ def test_signals_stop_cleanly(_):
 
 
 TESTS = [test_health_and_models, test_completions_equal_generate, test_chat_equal_generate,
-         test_chat_template_multi_turn, test_streaming, test_prompt_cache, test_stop_strings, test_request_errors, test_http_errors,
+         test_chat_template_multi_turn, test_streaming, test_prompt_cache, test_stop_strings,
+         test_sampling_reproducible, test_sampling_seeds, test_sampling_greedy, test_sampling_stream,
+         test_request_errors, test_http_errors,
          test_concurrent_requests, test_clients_that_leave, test_port_in_use, test_usage_errors,
          test_signals_stop_cleanly]
 

@@ -34,10 +34,12 @@ static void usage(FILE *f) {
         f,
         "usage: flashmap serve [-m TARGET.gguf] [-d DRAFTER] [--host ADDR] [--port N] [-t THREADS]\n"
         "                      [--ctx N] [--no-spec] [--verify adaptive|K] [--no-fallback]\n"
-        "                      [--device cpu|cuda|auto] [--draft-weights auto|q8_0|stored] [--mmap]\n\n"
+        "                      [--device cpu|cuda|auto] [--draft-weights auto|q8_0|stored] [--mmap]\n"
+        "                      [--temp T] [--top-k N] [--top-p P] [--min-p P] [--seed N]\n\n"
         "An OpenAI-compatible HTTP server: GET /health, GET /v1/models, POST /v1/completions and\n"
-        "POST /v1/chat/completions (\"stream\": true for Server-Sent Events). Decoding is greedy and\n"
-        "lossless; requests run one at a time in arrival order. See docs/SERVER.md.\n\n"
+        "POST /v1/chat/completions (\"stream\": true for Server-Sent Events). Decoding is lossless:\n"
+        "speculative output is exactly plain output, greedy or sampled with a seed. Requests run one at\n"
+        "a time in arrival order. See docs/SERVER.md.\n\n"
         "  -m PATH           target model (Qwen3 dense GGUF); default: the cached pinned Qwen3-4B\n"
         "  -d PATH           FlashMap drafter (.safetensors or a folder); default with neither -m nor -d:\n"
         "                    the cached pinned drafter\n"
@@ -50,7 +52,11 @@ static void usage(FILE *f) {
         "  --no-fallback     never fall back to plain steps when drafting loses\n"
         "  --device D        cpu, cuda or auto (default)\n"
         "  --draft-weights W the drafter's matrices (CPU and CUDA): auto/q8_0 (a Q8_0 copy) or stored\n"
-        "  --mmap            CPU: read the weights from the file mapping instead of huge pages\n");
+        "  --mmap            CPU: read the weights from the file mapping instead of huge pages\n"
+        "\nSampling: the defaults for requests that leave temperature, top_k, top_p, min_p or seed out\n"
+        "(without --temp, greedy; unlike OpenAI, whose default temperature is 1):\n" CLI_SAMPLING_HELP
+        "                    (serve: a fresh one per sampled request, in the reply's flashmap.seed;\n"
+        "                    with --seed N, N for every request that gives none)\n");
 }
 
 static int parse(int argc, char **argv, serve_opts *o) {
@@ -144,6 +150,7 @@ int cmd_serve(int argc, char **argv) {
                                    .created = (long)time(NULL),
                                    .n_ctx = info.n_ctx,
                                    .max_body = MAX_BODY,
+                                   .sampling = {o.eng.sampling, o.eng.seed_given},
                                    .worker = serve_worker_start(e, &wp, err, sizeof err)};
     serve_http *http = NULL;
     if (!cfg.worker || !(http = serve_http_start(fd, &cfg, err, sizeof err))) {
@@ -163,10 +170,15 @@ int cmd_serve(int argc, char **argv) {
         set_handler(SIGINT, on_signal);
         set_handler(SIGTERM, on_signal);
         const int v6 = strchr(o.host, ':') != NULL;
-        fprintf(stderr,
-                "flashmap %s: listening on http://%s%s%s:%d (model %s, %s, context %d, %s) - Ctrl-C stops\n",
-                CMD, v6 ? "[" : "", o.host, v6 ? "]" : "", port, cfg.model,
-                wp.speculative ? "speculative" : "plain decoding", info.n_ctx, info.device);
+        char sampled[64] = "";
+        if (o.eng.sampling.temperature > 0)
+            snprintf(sampled, sizeof sampled, ", temperature %g by default",
+                     (double)o.eng.sampling.temperature);
+        fprintf(
+            stderr,
+            "flashmap %s: listening on http://%s%s%s:%d (model %s, %s%s, context %d, %s) - Ctrl-C stops\n",
+            CMD, v6 ? "[" : "", o.host, v6 ? "]" : "", port, cfg.model,
+            wp.speculative ? "speculative" : "plain decoding", sampled, info.n_ctx, info.device);
         const int sig = wait_for_signal();
         set_handler(SIGINT, SIG_DFL); /* a second signal ends the process at once */
         set_handler(SIGTERM, SIG_DFL);

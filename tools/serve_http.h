@@ -15,7 +15,8 @@ typedef struct {
     const char *model; /* the id in /v1/models and in every reply */
     long created;      /* when the server started (unix seconds) */
     int n_ctx;
-    size_t max_body; /* bytes; a larger body gets 413 */
+    size_t max_body;                  /* bytes; a larger body gets 413 */
+    serve_sampling_defaults sampling; /* what a request's absent sampling fields take (serve --temp ...) */
 } serve_http_config;
 
 typedef struct serve_http serve_http;

@@ -38,9 +38,10 @@ typedef struct {
     const char *finish_reason; /* "stop" or "length" */
     const char *stop;          /* finer: "stop token", "stop string", "length", "context full" */
     int speculative;
-    double queue_s;    /* waiting for the requests before it */
-    int prompt_tokens; /* the whole prompt */
-    int cached_tokens; /* of which the prompt cache held (st.n_prompt were prefilled) */
+    double queue_s;       /* waiting for the requests before it */
+    int prompt_tokens;    /* the whole prompt */
+    int cached_tokens;    /* of which the prompt cache held (st.n_prompt were prefilled) */
+    fm_sampling sampling; /* the settings used (greedy unless temperature > 0) */
     fm_generate_stats st;
 } serve_reply_end;
 

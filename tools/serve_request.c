@@ -2,6 +2,8 @@
  * Every refusal names the field, what was expected and what was found. */
 #include "serve_request.h"
 
+#include "cli_engine.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
@@ -9,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GREEDY "flashmap decodes greedily: its output is the target model's own argmax"
 #define MAX_STOP_BYTES 256
 
 /* cJSON's parser writes a global error record on every call: parse one body at a time. */
@@ -70,30 +71,27 @@ static int get_bool(const cJSON *o, const char *name, int *v, serve_error *err) 
     return 0;
 }
 
-/* A numeric sampling knob that must keep its greedy value (one of ok1, ok2, ok3). */
-static int check_greedy_number(const cJSON *o, const char *name, double ok1, double ok2, double ok3,
-                               const char *want, serve_error *err) {
+/* A numeric setting the engine does not have: refused unless absent or its "off" value (ok1 or ok2). */
+static int check_off_number(const cJSON *o, const char *name, double ok1, double ok2, const char *want,
+                            const char *why, serve_error *err) {
     double v = 0;
     int present = 0;
     if (get_number(o, name, &v, &present, err)) return -1;
-    if (present && v != ok1 && v != ok2 && v != ok3)
+    if (present && v != ok1 && v != ok2)
         return serve_error_set(err, 400, "invalid_request_error", name,
-                               "'%s' must be %s or absent (" GREEDY "), got %g", name, want, v);
+                               "'%s' must be %s or absent (%s), got %g", name, want, why, v);
     return 0;
 }
 
 /* Features the engine does not have: refused when set to anything but their "off" value. */
 static int check_unsupported(const cJSON *o, serve_error *err) {
-    if (check_greedy_number(o, "temperature", 0, 0, 0, "0", err) ||
-        check_greedy_number(o, "top_p", 1, 1, 1, "1", err) ||
-        check_greedy_number(o, "top_k", -1, 0, 1, "-1, 0 or 1", err) ||
-        check_greedy_number(o, "min_p", 0, 0, 0, "0", err) ||
-        check_greedy_number(o, "presence_penalty", 0, 0, 0, "0", err) ||
-        check_greedy_number(o, "frequency_penalty", 0, 0, 0, "0", err) ||
-        check_greedy_number(o, "repetition_penalty", 1, 1, 1, "1", err))
+    static const char *no_penalty = "flashmap serve has no penalties";
+    if (check_off_number(o, "presence_penalty", 0, 0, "0", no_penalty, err) ||
+        check_off_number(o, "frequency_penalty", 0, 0, "0", no_penalty, err) ||
+        check_off_number(o, "repetition_penalty", 1, 1, "1", no_penalty, err))
         return -1;
-    if (check_greedy_number(o, "n", 1, 1, 1, "1", err) ||
-        check_greedy_number(o, "best_of", 1, 1, 1, "1", err))
+    static const char *one = "flashmap serve returns one choice per request";
+    if (check_off_number(o, "n", 1, 1, "1", one, err) || check_off_number(o, "best_of", 1, 1, "1", one, err))
         return -1;
     static const char *off[] = {"logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "tools"};
     for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
@@ -109,11 +107,64 @@ static int check_unsupported(const cJSON *o, serve_error *err) {
     if (rf && !(cJSON_IsObject(rf) && (!t || (cJSON_IsString(t) && !strcmp(t->valuestring, "text")))))
         return serve_error_set(err, 400, "invalid_request_error", "response_format",
                                "'response_format' other than {\"type\": \"text\"} is not supported");
-    long seed = 0;
-    int present = 0;
-    if (get_int(o, "seed", -(1L << 53), 1L << 53, &seed, &present, err)) return -1; /* greedy: no effect */
     const cJSON *model = field(o, "model");
     if (model && !cJSON_IsString(model)) return bad_type(err, "model", "a string", model);
+    return 0;
+}
+
+/* A sampling probability or temperature as the engine's float, checked on the float (so 0.9999999999 does
+ * not round to a 1 that min_p refuses): in [lo, hi], lo excluded when lo_open, hi when hi_open. *v is left
+ * alone when the field is absent. */
+static int get_float(const cJSON *o, const char *name, double lo, int lo_open, double hi, int hi_open,
+                     const char *range, float *v, serve_error *err) {
+    double d = 0;
+    int present = 0;
+    if (get_number(o, name, &d, &present, err)) return -1;
+    if (!present) return 0;
+    const float f = (float)d;
+    if (!(lo_open ? f > lo : f >= lo) || !(hi_open ? f < hi : f <= hi))
+        return serve_error_set(err, 400, "invalid_request_error", name, "'%s' must be %s, got %.15g", name,
+                               range, d);
+    *v = f;
+    return 0;
+}
+
+/* temperature, top_k, top_p, min_p and seed, over the server's defaults. A sampled request without a seed
+ * uses serve --seed, else a fresh random one (reported in the reply, so it can be given back). */
+static int parse_sampling(const cJSON *o, const serve_sampling_defaults *def, serve_request *r,
+                          serve_error *err) {
+    fm_sampling *s = &r->sampling;
+    if (def) {
+        *s = def->sampling;
+    } else {
+        memset(s, 0, sizeof *s);
+        s->top_p = 1;
+    }
+    if (get_float(o, "temperature", 0, 0, 2, 0, "from 0 (greedy) to 2", &s->temperature, err) ||
+        get_float(o, "top_p", 0, 1, 1, 0, "more than 0 and at most 1", &s->top_p, err) ||
+        get_float(o, "min_p", 0, 0, 1, 1, "at least 0 and less than 1", &s->min_p, err))
+        return -1;
+    long k = 0;
+    int present = 0;
+    if (get_int(o, "top_k", -(1L << 53), 1L << 53, &k, &present, err)) return -1;
+    if (present && (k < -1 || k > (1L << 30)))
+        return serve_error_set(err, 400, "invalid_request_error", "top_k",
+                               "'top_k' must be a whole number from 0 to %ld (0 or -1: no limit), got %ld",
+                               1L << 30, k);
+    if (present) s->top_k = k < 0 ? 0 : (int)k;
+    const long max_seed = (1L << 53) - 1; /* exact in a JSON number (a double) */
+    const cJSON *seed = field(o, "seed");
+    if (seed && !cJSON_IsNumber(seed)) return bad_type(err, "seed", "a whole number", seed);
+    if (seed && seed->valuedouble < 0)
+        return serve_error_set(err, 400, "invalid_request_error", "seed",
+                               "'seed' must not be negative: a whole number from 0 to %ld, got %.15g",
+                               max_seed, seed->valuedouble);
+    long v = 0;
+    if (get_int(o, "seed", 0, max_seed, &v, &present, err)) return -1;
+    if (present)
+        s->seed = (uint64_t)v;
+    else if (s->temperature > 0 && !(def && def->seed_given))
+        s->seed = cli_random_seed();
     return 0;
 }
 
@@ -260,8 +311,9 @@ done:
     return rc;
 }
 
-static int parse_fields(const cJSON *o, serve_request *r, serve_error *err) {
-    if (check_unsupported(o, err)) return -1;
+static int parse_fields(const cJSON *o, const serve_sampling_defaults *def, serve_request *r,
+                        serve_error *err) {
+    if (check_unsupported(o, err) || parse_sampling(o, def, r, err)) return -1;
     if (r->kind == SERVE_CHAT) {
         if (parse_chat(o, r, err)) return -1;
     } else {
@@ -296,7 +348,8 @@ static int parse_fields(const cJSON *o, serve_request *r, serve_error *err) {
     return 0;
 }
 
-int serve_request_parse(serve_kind kind, const char *body, size_t len, serve_request *r, serve_error *err) {
+int serve_request_parse(serve_kind kind, const char *body, size_t len, const serve_sampling_defaults *def,
+                        serve_request *r, serve_error *err) {
     memset(r, 0, sizeof *r);
     memset(err, 0, sizeof *err);
     r->kind = kind;
@@ -322,7 +375,7 @@ int serve_request_parse(serve_kind kind, const char *body, size_t len, serve_req
         rc = serve_error_set(err, 400, "invalid_request_error", NULL,
                              "the request body must be a JSON object, got %s", type_name(root));
     else
-        rc = parse_fields(root, r, err);
+        rc = parse_fields(root, def, r, err);
     cJSON_Delete(root);
     if (rc) serve_request_free(r);
     return rc;

@@ -23,7 +23,8 @@ static enum MHD_Result generate(const serve_http_config *cfg, struct MHD_Connect
                                 const char *method, const char *url, const char *body, size_t len) {
     serve_request req;
     serve_error err;
-    if (serve_request_parse(kind, body, len, &req, &err)) return reply_error(c, method, url, &err, NULL);
+    if (serve_request_parse(kind, body, len, &cfg->sampling, &req, &err))
+        return reply_error(c, method, url, &err, NULL);
     serve_job *j = serve_job_create(&req, cfg->model);
     if (!j) {
         serve_request_free(&req);

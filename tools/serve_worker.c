@@ -298,12 +298,15 @@ static const char *stop_detail(const fm_generate_stats *st, int stop_hit) {
 
 static void log_job(const serve_job *j, const serve_reply_end *end) {
     const fm_generate_stats *st = &end->st;
+    char sampled[48] = "";
+    if (end->sampling.temperature > 0)
+        snprintf(sampled, sizeof sampled, " | sampled, seed %llu", (unsigned long long)end->sampling.seed);
     fprintf(stderr,
             "flashmap serve: %s: prompt %d tok (%d cached), %d new tok (%s) | decode %.1f tok/s | rounds %d, "
-            "mean accepted %.2f, plain steps %d | queued %.2f s\n",
+            "mean accepted %.2f, plain steps %d%s | queued %.2f s\n",
             j->head.id, end->prompt_tokens, end->cached_tokens, st->n_generated, end->stop,
             cli_decode_tok_s(st), st->rounds, st->rounds ? (double)st->accepted / st->rounds : 0,
-            st->plain_steps, end->queue_s);
+            st->plain_steps, sampled, end->queue_s);
 }
 
 /* Tokenizes the prompt and checks it fits; fills err (400) otherwise. */
@@ -382,6 +385,7 @@ static void run_job(serve_worker *w, serve_job *j) {
     gp.speculative = w->p.speculative;
     gp.verify = w->p.verify;
     gp.fallback = w->p.fallback;
+    gp.sampling = j->req.sampling; /* draws depend on (seed, position) only: the prompt cache is unaffected */
     gp.on_tokens = on_tokens;
     gp.user = &g;
     fm_generate_stats st;
@@ -422,6 +426,7 @@ static void run_job(serve_worker *w, serve_job *j) {
                                .queue_s = t_start - j->t_queued,
                                .prompt_tokens = n_ids,
                                .cached_tokens = cached,
+                               .sampling = j->req.sampling,
                                .st = st};
         end.finish_reason = g.stop_hit || st.stop == FM_STOP_TOKEN ? "stop" : "length";
         log_job(j, &end);
