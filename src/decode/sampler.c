@@ -1,6 +1,7 @@
 /* sampler.c: greedy choice and seeded draws from a row of logits (sampler.h). The filters follow Hugging
- * Face's logits warpers in their order (temperature, top-k, top-p, min-p), computed in double on the
- * candidates sorted by logit (ties by id), so one row always gives one token on any thread count. */
+ * Face's logits warpers in their order (temperature, top-k, top-p, min-p), computed in double in a fixed
+ * order of the candidates (by id; by logit, ties by id, where top-p needs it), so one row always gives one
+ * token, on any thread count and whatever order the candidates came in. */
 #include "decode/sampler.h"
 
 #include <math.h>
@@ -69,7 +70,54 @@ static float kth_largest(const fm_candidate *c, int n, int k, float *heap) {
     return heap[0];
 }
 
-/* Applies the filters; returns how many of the sorted candidates remain, their w set. */
+static int by_id(const void *pa, const void *pb) {
+    const fm_candidate *a = pa, *b = pb;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+enum { TIERS = 256 };
+
+static int tier_of(const fm_candidate *c, float m, double width) {
+    const int t = (int)(((double)m - c->logit) / width * TIERS);
+    return t < TIERS ? t : TIERS - 1;
+}
+
+/* Top-p over c[0..n) (id order, w set): tokens by descending logit while the mass before each is under
+ * limit. The candidates fall in TIERS slices of logit; the tiers wholly before the crossing one are kept
+ * as they are (id order), and only the crossing tier is sorted (by logit, ties by id) and cut, so a flat row
+ * of 150k candidates does not sort them all. The kept run is moved to the front; returns its length. */
+static int nucleus(fm_candidate *c, int n, float m, double width, double limit) {
+    double mass[TIERS] = {0};
+    for (int i = 0; i < n; i++) mass[tier_of(&c[i], m, width)] += c[i].w;
+    int cross = TIERS - 1;
+    double before = 0;
+    for (int t = 0; t < TIERS; t++) {
+        if (before + mass[t] >= limit) {
+            cross = t;
+            break;
+        }
+        before += mass[t];
+    }
+    int whole = 0; /* tiers before the crossing one, then the crossing tier after them */
+    for (int i = 0; i < n; i++)
+        if (tier_of(&c[i], m, width) < cross) {
+            const fm_candidate x = c[i];
+            c[i] = c[whole], c[whole++] = x;
+        }
+    int g = whole;
+    for (int i = whole; i < n; i++)
+        if (tier_of(&c[i], m, width) == cross) c[g++] = c[i];
+    qsort(c + whole, (size_t)(g - whole), sizeof *c, by_logit_desc);
+    for (int i = whole; i < g; i++) {
+        if (i > 0 && before >= limit) return i;
+        before += c[i].w;
+    }
+    return g;
+}
+
+/* Applies the filters to c[0..n); returns how many remain at its front, w set, in the order a draw walks
+ * them: by descending logit after top-p, else by id. Candidates may come in any order (the GPU gathers
+ * them in any): every sum runs in one of those two orders, so the result depends on the set alone. */
 static int filter(fm_candidate *c, int n, const fm_sampling *s) {
     float m = c[0].logit;
     for (int i = 1; i < n; i++)
@@ -78,48 +126,44 @@ static int filter(fm_candidate *c, int n, const fm_sampling *s) {
     int kept = 0;
     for (int i = 0; i < n; i++)
         if (((double)c[i].logit - m) / t >= -(double)FM_SAMPLE_RANGE) c[kept++] = c[i];
-    if (kept == 0) kept = 1; /* every logit -inf: the first stays, alone */
+    if (kept == 0) { /* every logit -inf: the first stays, alone */
+        c[0].w = 1;
+        return 1;
+    }
     n = kept;
+    for (int i = 1; i < n; i++)
+        if (c[i - 1].id > c[i].id) {
+            qsort(c, (size_t)n, sizeof *c, by_id);
+            break;
+        }
     if (s->top_k > 0 && n > s->top_k) {
         /* Hugging Face keeps every token tied with the k-th largest logit. */
         float *heap = malloc((size_t)s->top_k * sizeof *heap);
+        float vk;
         if (heap) {
-            const float vk = kth_largest(c, n, s->top_k, heap);
+            vk = kth_largest(c, n, s->top_k, heap);
             free(heap);
-            kept = 0;
-            for (int i = 0; i < n; i++)
-                if (c[i].logit >= vk) c[kept++] = c[i];
-            n = kept;
-        } else {
-            /* No room for the heap: sort first, the k-th is then in place (same set). */
+        } else { /* no room for the heap: sort, read the k-th, restore the id order */
             qsort(c, (size_t)n, sizeof *c, by_logit_desc);
-            const float vk = c[s->top_k - 1].logit;
-            while (n > s->top_k && c[n - 1].logit < vk) n--;
+            vk = c[s->top_k - 1].logit;
+            qsort(c, (size_t)n, sizeof *c, by_id);
         }
+        kept = 0;
+        for (int i = 0; i < n; i++)
+            if (c[i].logit >= vk) c[kept++] = c[i];
+        n = kept;
     }
-    qsort(c, (size_t)n, sizeof *c, by_logit_desc);
     double sum = 0;
     for (int i = 0; i < n; i++) sum += c[i].w = exp(((double)c[i].logit - m) / t);
-    if (s->top_p < 1) {
-        /* Keep a token while the mass of those before it is under top_p (HF: its ascending cumulative
-         * probability, itself included, exceeds 1 - top_p); the first always stays. */
-        const double limit = (double)s->top_p * sum;
-        double before = 0;
-        for (int i = 0; i < n; i++) {
-            if (i > 0 && before >= limit) {
-                n = i;
-                break;
-            }
-            before += c[i].w;
-        }
-    }
+    /* Top-p keeps a token while the mass of those before it is under top_p (HF: its ascending cumulative
+     * probability, itself included, exceeds 1 - top_p); the first always stays. */
+    if (s->top_p < 1) n = nucleus(c, n, m, (FM_SAMPLE_RANGE + 1) * t, (double)s->top_p * sum);
     if (s->min_p > 0) {
-        const double floor_w = (double)s->min_p * c[0].w;
-        for (int i = 1; i < n; i++)
-            if (c[i].w < floor_w) {
-                n = i;
-                break;
-            }
+        /* The most likely token's w is exp(0) = 1 and it is never filtered out. */
+        kept = 0;
+        for (int i = 0; i < n; i++)
+            if (c[i].w >= (double)s->min_p) c[kept++] = c[i];
+        n = kept;
     }
     return n;
 }
