@@ -25,6 +25,7 @@ build() {
     case "$f" in
       *_avx2.c) extra="-mavx2 -mfma -mf16c -mbmi2" ;;
       *_avx512.c) extra="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -mavx2 -mbmi2" ;;
+      *_amx.c) extra="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx2 -mamx-tile -mamx-int8" ;;
     esac
     gcc $CFLAGS $extra -c "$f" -o "$o" || return 1
   }

@@ -359,6 +359,31 @@ int main(int argc, char **argv) {
         const double vt = median(v, 20);
         printf("RESULT verify(%d): %.3f ms = %.2f x step\n", T, vt * 1e3, vt / step);
     }
+    {
+        /* Sampling's cost on the same rows: Qwen3's suggested settings (top-k 20: only the top tiers of each
+         * row come back), and top-p alone (on these random weights every row has more candidates than the
+         * GPU gathers, so each is read whole: the worst case). */
+        static const fm_sampling modes[] = {{0.7f, 20, 0.8f, 0, 1}, {1.0f, 0, 0.95f, 0, 1}};
+        for (int k = 0; k < 2; k++) {
+            if (G.set_sampling(G.ctx, &modes[k], err, sizeof err)) return fprintf(stderr, "%s\n", err), 1;
+            const double st = plain_step(&G, &next, NP);
+            double v[10];
+            for (int i = 0; i < 12; i++) {
+                double a = hx_now();
+                if (G.eval(G.ctx, prompt + NP, 17, 1, am, err, sizeof err))
+                    return fprintf(stderr, "verify: %s\n", err), 1;
+                if (i >= 2) v[i - 2] = hx_now() - a;
+                G.rewind(G.ctx, NP);
+            }
+            printf("RESULT sampled (T %.1f, top-k %d, top-p %.2f): step %.3f ms = %.3f x greedy, verify(17) "
+                   "%.3f "
+                   "ms\n",
+                   (double)modes[k].temperature, modes[k].top_k, (double)modes[k].top_p, st * 1e3, st / step,
+                   median(v, 10) * 1e3);
+        }
+        const fm_sampling greedy = {0, 0, 1, 0, 0};
+        G.set_sampling(G.ctx, &greedy, err, sizeof err);
+    }
     if (getenv("FM_BENCH_TARGET_ONLY")) return 0; /* the target's rows only (attention-variant sweeps) */
     if (drafter_rows(gb, &G, d, prompt, NP, NEW, next, step, bw, "bf16 drafter")) return 1;
     fm_cuda_backend_free(gb);

@@ -84,6 +84,7 @@ struct fm_cuda_backend {
      * gathered on the GPU, only they come back, and the draw is the host's (the CPU backend's very code) */
     fm_sampling sampling;
     int *d_cnt, *h_cnt;             /* [rows_cap] */
+    int *d_tiers;                   /* [rows_cap][FMC_SAMPLE_TIERS] */
     fmc_candidate *d_cand, *h_cand; /* [rows_cap][SAMPLE_CAP] */
     fm_candidate *cand;             /* [vocab] */
     float *h_row;                   /* [vocab]: a row with more than SAMPLE_CAP candidates */
@@ -664,12 +665,17 @@ static int cu_pos(void *ctx) {
 }
 
 /* The drawn tokens of the forward's logit rows 0..rows-1 (positions pos0 ..): their candidates are gathered
- * on the GPU (a superset of the sampler's: one more temperature of range), a row with too many is read
- * whole. */
+ * on the GPU (a superset of the sampler's: one more temperature of range; with top-k, the top tiers that
+ * hold k tokens), a row with too many is read whole. */
 static int sample_rows(fm_cuda_backend *b, int rows, int pos0, int32_t *out, char *err, size_t errlen) {
     const float range = (FM_SAMPLE_RANGE + 1) * b->sampling.temperature;
+    /* With top-k, only the top tiers holding k tokens come back (the filter keeps no others). */
+    const int need = b->sampling.top_k;
     CK(cudaMemsetAsync(b->d_cnt, 0, (size_t)rows * sizeof *b->d_cnt, b->st));
-    fmc_sample_gather(b->logits, rows, b->vocab, b->d_am, range, SAMPLE_CAP, b->d_cnt, b->d_cand, b->st);
+    if (need > 0)
+        CK(cudaMemsetAsync(b->d_tiers, 0, (size_t)rows * FMC_SAMPLE_TIERS * sizeof *b->d_tiers, b->st));
+    fmc_sample_gather(b->logits, rows, b->vocab, b->d_am, range, need, SAMPLE_CAP, b->d_tiers, b->d_cnt,
+                      b->d_cand, b->st);
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(b->h_cnt, b->d_cnt, (size_t)rows * sizeof *b->h_cnt, cudaMemcpyDeviceToHost, b->st));
     CK(cudaMemcpyAsync(b->h_cand, b->d_cand, (size_t)rows * SAMPLE_CAP * sizeof *b->h_cand,
@@ -697,6 +703,7 @@ static int cu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t er
     if (!fm_sampling_greedy(s) && !b->cand) {
         const int R = b->rows_cap;
         DALLOC(b->d_cnt, (size_t)R * sizeof *b->d_cnt);
+        DALLOC(b->d_tiers, (size_t)R * FMC_SAMPLE_TIERS * sizeof *b->d_tiers);
         DALLOC(b->d_cand, (size_t)R * SAMPLE_CAP * sizeof *b->d_cand);
         CK(cudaMallocHost(&b->h_cnt, (size_t)R * sizeof *b->h_cnt));
         CK(cudaMallocHost(&b->h_cand, (size_t)R * SAMPLE_CAP * sizeof *b->h_cand));

@@ -113,19 +113,55 @@ void fmc_argmax(const float *x, int T, int n, unsigned long long *out, int pdl, 
 
 /* ---- sampling candidates ---- */
 
-/* grid (ceil(n / ARGMAX_CHUNK), T): the tokens of row t within `range` of its largest logit (from the packed
- * argmax) appended to out[t][0..cap) in any order; count[t] ends as their number, which may exceed cap. */
-__global__ void k_sample_gather(const float *x, int n, const unsigned long long *am, float range, int cap,
-                                int *count, fmc_candidate *out) {
+/* A token's tier: which of SAMPLE_TIERS equal slices of [m - range, m] its logit falls in (0: the top one),
+ * or SAMPLE_TIERS when it is below them. Both kernels call this, so they agree on every token. */
+__device__ __forceinline__ int sample_tier(float v, float m, float range) {
+    if (!(v >= m - range)) return FMC_SAMPLE_TIERS;
+    const int t = (int)((m - v) / range * FMC_SAMPLE_TIERS);
+    return t < FMC_SAMPLE_TIERS ? t : FMC_SAMPLE_TIERS - 1;
+}
+
+__device__ __forceinline__ float packed_max(unsigned long long am) {
+    const uint32_t key = (uint32_t)(am >> 32);
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+/* grid (ceil(n / ARGMAX_CHUNK), T): tiers[t][j] += the tokens of row t in tier j. */
+__global__ void k_sample_tiers(const float *x, int n, const unsigned long long *am, float range, int *tiers) {
+    __shared__ int cnt[FMC_SAMPLE_TIERS];
     const int t = blockIdx.y, c0 = blockIdx.x * ARGMAX_CHUNK, c1 = min(n, c0 + ARGMAX_CHUNK);
-    const uint32_t key = (uint32_t)(am[t] >> 32);
-    const float m = __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-    const float cut = m - range;
+    for (int j = threadIdx.x; j < FMC_SAMPLE_TIERS; j += blockDim.x) cnt[j] = 0;
+    __syncthreads();
+    const float m = packed_max(am[t]);
+    const float *r = x + (size_t)t * n;
+    for (int i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
+        const int tier = sample_tier(r[i], m, range);
+        if (tier < FMC_SAMPLE_TIERS) atomicAdd(&cnt[tier], 1);
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < FMC_SAMPLE_TIERS; j += blockDim.x)
+        if (cnt[j]) atomicAdd(tiers + t * FMC_SAMPLE_TIERS + j, cnt[j]);
+}
+
+/* grid (ceil(n / ARGMAX_CHUNK), T): the tokens of row t in tiers 0..J appended to out[t][0..cap) in any
+ * order, J the first tier at which at least `need` tokens are in (the last tier when need is 0); count[t]
+ * ends as their number, which may exceed cap. */
+__global__ void k_sample_gather(const float *x, int n, const unsigned long long *am, float range, int need,
+                                const int *tiers, int cap, int *count, fmc_candidate *out) {
+    const int t = blockIdx.y, c0 = blockIdx.x * ARGMAX_CHUNK, c1 = min(n, c0 + ARGMAX_CHUNK);
+    const float m = packed_max(am[t]);
+    int last = FMC_SAMPLE_TIERS - 1;
+    if (need > 0)
+        for (int j = 0, sum = 0; j < FMC_SAMPLE_TIERS; j++)
+            if ((sum += tiers[t * FMC_SAMPLE_TIERS + j]) >= need) {
+                last = j;
+                break;
+            }
     const float *r = x + (size_t)t * n;
     const int lane = threadIdx.x & 31;
     for (int i0 = c0; i0 < c1; i0 += blockDim.x) {
         const int i = i0 + threadIdx.x;
-        const bool take = i < c1 && r[i] >= cut;
+        const bool take = i < c1 && sample_tier(r[i], m, range) <= last;
         const unsigned mask = __ballot_sync(0xffffffffu, take);
         if (!mask) continue;
         int base = 0;
@@ -135,10 +171,11 @@ __global__ void k_sample_gather(const float *x, int n, const unsigned long long 
     }
 }
 
-void fmc_sample_gather(const float *x, int T, int n, const unsigned long long *am, float range, int cap,
-                       int *count, fmc_candidate *out, cudaStream_t s) {
-    k_sample_gather<<<dim3((n + ARGMAX_CHUNK - 1) / ARGMAX_CHUNK, T), 256, 0, s>>>(x, n, am, range, cap,
-                                                                                   count, out);
+void fmc_sample_gather(const float *x, int T, int n, const unsigned long long *am, float range, int need,
+                       int cap, int *tiers, int *count, fmc_candidate *out, cudaStream_t s) {
+    const dim3 grid((n + ARGMAX_CHUNK - 1) / ARGMAX_CHUNK, T);
+    if (need > 0) k_sample_tiers<<<grid, 256, 0, s>>>(x, n, am, range, tiers);
+    k_sample_gather<<<grid, 256, 0, s>>>(x, n, am, range, need, tiers, cap, count, out);
 }
 
 /* ---- drafter ---- */

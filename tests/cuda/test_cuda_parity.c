@@ -15,6 +15,7 @@
 #include "cpu/cpu_features.h"
 #include "cuda_harness.h"
 #include "decode/cpu_backend.h"
+#include "decode/sampler.h"
 #include "decode/speculative.h"
 #include "model/qwen3_synth.h"
 
@@ -88,15 +89,16 @@ static int run(const fm_decode_backend *b, const int32_t *prompt, int n, fm_gene
 }
 
 /* Speculative decoding on G, for each verify mode (0: adaptive, with fallback), with the real drafter and
- * with simulated acceptance 6.5, must give the plain ids ig[ng]. */
+ * with simulated acceptance 6.5, must give the plain ids ig[ng] (decoded with sampling s; NULL: greedy). */
 static void check_spec_equals_plain(const fm_decode_backend *G, const int32_t *prompt, int NP,
                                     const int32_t *ig, int ng, const int *verify_modes, int n_modes,
-                                    const char *what) {
+                                    const char *what, const fm_sampling *s) {
     for (int vi = 0; vi < n_modes; vi++)
         for (int sim = 0; sim < 2; sim++) {
             fm_generate_params ps;
             fm_generate_stats st;
             hx_params(&ps, 96);
+            if (s) ps.sampling = *s;
             ps.speculative = 1, ps.verify = verify_modes[vi], ps.fallback = verify_modes[vi] == 0;
             if (sim) ps.sim_future = ig, ps.sim_future_len = ng, ps.sim_mean = 6.5, ps.sim_seed = 5;
             int32_t *is = NULL;
@@ -107,6 +109,49 @@ static void check_spec_equals_plain(const fm_decode_backend *G, const int32_t *p
                   verify_modes[vi], sim ? ", simulated 6.5" : "", st.rounds, st.accepted);
             free(is);
         }
+}
+
+/* Sampling on the GPU: a forward's draws (candidates gathered on the GPU) equal the host sampler's draws on
+ * the same logits rows; then plain decoding with a seed, and speculative == plain for every verify mode. */
+static void check_sampling(const fm_decode_backend *G, fm_cuda_backend *gb, const int32_t *prompt, int NP,
+                           int V, const char *what) {
+    const fm_sampling settings[] = {{0.8f, 40, 0.95f, 0, 77}, {1.5f, 0, 1, 0.02f, 78}};
+    const int R = NP < 24 ? NP : 24; /* rows of one forward (the tiny backends take 32) */
+    char err[512] = "";
+    float *rows = malloc(sizeof(float) * (size_t)NP * V);
+    fm_candidate *scratch = malloc(sizeof(fm_candidate) * (size_t)V);
+    int32_t *am = malloc(sizeof(int32_t) * (size_t)NP);
+    for (int k = 0; k < 2; k++) {
+        const fm_sampling *s = &settings[k];
+        G->reset(G->ctx);
+        int rc = G->set_sampling(G->ctx, s, err, sizeof err) ||
+                 G->eval(G->ctx, prompt, R, 1, am, err, sizeof err) || fm_cuda_debug_logits(gb, rows, R);
+        int same = 0, moved = 0;
+        for (int t = 0; t < R && !rc; t++) {
+            const int32_t host = fm_sample_row(rows + (size_t)t * V, V, s, t, scratch);
+            same += host == am[t];
+            moved += am[t] != fm_sample_row(rows + (size_t)t * V, V, &(fm_sampling){0}, t, scratch);
+        }
+        CHECK(!rc && same == R, "%s: sampled T=%g: GPU draws == host draws on the same rows: %d / %d (%s)",
+              what, (double)s->temperature, same, R, err);
+        CHECK(!rc && moved > 0, "%s: sampled T=%g: %d of %d draws differ from the argmax", what,
+              (double)s->temperature, moved, R);
+        fm_generate_params p;
+        fm_generate_stats st;
+        hx_params(&p, 96);
+        p.sampling = *s;
+        int32_t *ig = NULL;
+        int ng = 0;
+        run(G, prompt, NP, &p, &ig, &ng, &st);
+        const int modes[] = {0, 1, 7, 16};
+        char label[64];
+        snprintf(label, sizeof label, "%s sampled T=%g", what, (double)s->temperature);
+        check_spec_equals_plain(G, prompt, NP, ig, ng, modes, 4, label, s);
+        free(ig);
+    }
+    const fm_sampling greedy = {0, 0, 1, 0, 0};
+    G->set_sampling(G->ctx, &greedy, err, sizeof err);
+    free(rows), free(scratch), free(am);
 }
 
 /* A draft of n_out <= 8 runs the head, lm_head and argmax for 8 slots only (a graph of its own): its ids and
@@ -201,7 +246,7 @@ static void q8_drafter_checks(qwen3_model *m, fm_pool *pool, qwen3_state *cs, co
     check_short_draft(&G, gq, prompt[NP], NP, H, dg, gh, what);
     free(gh), free(gh2);
     const int verify_modes[] = {0, 7, 16};
-    check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 3, what);
+    check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 3, what, NULL);
     fm_cuda_backend_free(gq);
     fm_drafter_free(dq);
 }
@@ -500,7 +545,8 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     const int verify_modes[] = {0, 1, 7, 15, 16};
     char label[32];
     snprintf(label, sizeof label, "tied=%d", tied);
-    check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 5, label);
+    check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 5, label, NULL);
+    check_sampling(&G, gb, prompt, NP, V, label);
     q8_drafter_checks(m, pool, cs, dpath, n_ctx, cap, ncap, prompt, NP, tied, ig, ng);
     check_prompt_rows_equal_steps(m, d, n_ctx, cap, ncap, tied, seed);
     free(ic);
@@ -606,6 +652,27 @@ static void full_size_report(const char *dir) {
         printf("INFO full-size rows %2d..%2d logits rel err to the CPU (%s): GPU %.2e, CPU (%s) %.2e\n", r0,
                r0 + 7, fm_isa_name(isa), rows_rel_err(gl, cl, V, r0, r0 + 8), fm_isa_name(other),
                rows_rel_err(c2, cl, V, r0, r0 + 8));
+    {
+        /* Sampling over the full vocabulary: at T = 1.5 these random-weight rows have more candidates than
+         * the GPU brings back (SAMPLE_CAP), at T = 0.3 fewer, with top-k 20 only the top tiers come back:
+         * every path must draw what the host draws. */
+        fm_candidate *scratch = malloc(sizeof(fm_candidate) * (size_t)V);
+        const fm_sampling modes[] = {{1.5f, 0, 1, 0, 9}, {0.3f, 0, 0.9f, 0, 9}, {0.7f, 20, 0.8f, 0, 9}};
+        for (int k = 0; k < 3 && scratch; k++) {
+            const fm_sampling *sp = &modes[k];
+            G.reset(G.ctx);
+            int src =
+                G.set_sampling(G.ctx, sp, err, sizeof err) || G.eval(G.ctx, seq, NR, 1, am, err, sizeof err);
+            int same = 0;
+            for (int t = 0; t < NR && !src; t++)
+                same += fm_sample_row(gl + (size_t)t * V, V, sp, t, scratch) == am[t];
+            CHECK(!src && same == NR, "full-size: sampled T=%g: GPU draws == host draws: %d / %d (%s)",
+                  (double)sp->temperature, same, NR, err);
+        }
+        const fm_sampling greedy = {0, 0, 1, 0, 0};
+        G.set_sampling(G.ctx, &greedy, err, sizeof err);
+        free(scratch);
+    }
 done:
     free(cl), free(c2), free(gl);
     if (gb) fm_cuda_backend_free(gb);
