@@ -360,11 +360,12 @@ int main(int argc, char **argv) {
         printf("RESULT verify(%d): %.3f ms = %.2f x step\n", T, vt * 1e3, vt / step);
     }
     {
-        /* Sampling's cost on the same rows: Qwen3's suggested settings (top-k 20: only the top tiers of each
-         * row come back), and top-p alone (on these random weights every row has more candidates than the
-         * GPU gathers, so each is read whole: the worst case). */
-        static const fm_sampling modes[] = {{0.7f, 20, 0.8f, 0, 1}, {1.0f, 0, 0.95f, 0, 1}};
-        for (int k = 0; k < 2; k++) {
+        /* Sampling's cost on the same rows (cuda_sample.cuh): Qwen3's suggested settings (top-k tiers), the
+         * temperature alone (the chunk draw), top-p alone (on these random weights its tiers hold more than
+         * the GPU brings back, so each row is read whole: the worst case). */
+        static const fm_sampling modes[] = {
+            {0.7f, 20, 0.8f, 0, 1}, {1.0f, 0, 1, 0, 1}, {1.0f, 0, 0.95f, 0, 1}};
+        for (int k = 0; k < 3; k++) {
             if (G.set_sampling(G.ctx, &modes[k], err, sizeof err)) return fprintf(stderr, "%s\n", err), 1;
             const double st = plain_step(&G, &next, NP);
             double v[10];

@@ -23,6 +23,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_debug.h"
 #include "cuda/cuda_kernels.cuh"
+#include "cuda/cuda_sample.cuh"
 #include "decode/sampler.h"
 #include "drafter/drafter_internal.h"
 
@@ -80,11 +81,14 @@ struct fm_cuda_backend {
     unsigned long long *h_am;
     int *h_pos;
     int last_logit_rows, last_rows;
-    /* sampling (decode/sampler.h): greedy until set_sampling says otherwise; the candidates of each row are
-     * gathered on the GPU, only they come back, and the draw is the host's (the CPU backend's very code) */
+    /* sampling (decode/sampler.h, cuda_sample.cuh): greedy until set_sampling says otherwise; only each
+     * row's candidates come back, and the host draws (with the CPU backend's code, or by walking the chunk
+     * the GPU located) */
     fm_sampling sampling;
-    int *d_cnt, *h_cnt;             /* [rows_cap] */
-    int *d_tiers;                   /* [rows_cap][FMC_SAMPLE_TIERS] */
+    int *d_cnt, *h_cnt;                /* [rows_cap] */
+    unsigned long long *d_aux, *h_aux; /* [rows_cap][2] */
+    double *d_u, *h_u;                 /* [rows_cap] */
+    fmc_sample_scratch sscr;
     fmc_candidate *d_cand, *h_cand; /* [rows_cap][SAMPLE_CAP] */
     fm_candidate *cand;             /* [vocab] */
     float *h_row;                   /* [vocab]: a row with more than SAMPLE_CAP candidates */
@@ -462,6 +466,8 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     if (b->h_am) cudaFreeHost(b->h_am);
     if (b->h_pos) cudaFreeHost(b->h_pos);
     if (b->h_cnt) cudaFreeHost(b->h_cnt);
+    if (b->h_aux) cudaFreeHost(b->h_aux);
+    if (b->h_u) cudaFreeHost(b->h_u);
     if (b->h_cand) cudaFreeHost(b->h_cand);
     free(b->cand);
     free(b->h_row);
@@ -664,36 +670,59 @@ static int cu_pos(void *ctx) {
     return ((fm_cuda_backend *)ctx)->pos;
 }
 
-/* The drawn tokens of the forward's logit rows 0..rows-1 (positions pos0 ..): their candidates are gathered
- * on the GPU (a superset of the sampler's: one more temperature of range; with top-k, the top tiers that
- * hold k tokens), a row with too many is read whole. */
+/* The drawn tokens of the forward's logit rows 0..rows-1 (positions pos0 ..). With top-k or top-p the GPU
+ * returns a superset of what the filters keep (one more temperature of range, whole tiers) and the host
+ * draws from it with the CPU's code (top-p given the row's whole mass); a row with more candidates than
+ * SAMPLE_CAP is read whole. Otherwise the GPU located the 1024-id chunk the draw falls in, and the host
+ * walks it in id order with the GPU's own fixed-point masses, which sum to that chunk's exactly. */
 static int sample_rows(fm_cuda_backend *b, int rows, int pos0, int32_t *out, char *err, size_t errlen) {
-    const float range = (FM_SAMPLE_RANGE + 1) * b->sampling.temperature;
-    /* With top-k, only the top tiers holding k tokens come back (the filter keeps no others). */
-    const int need = b->sampling.top_k;
-    CK(cudaMemsetAsync(b->d_cnt, 0, (size_t)rows * sizeof *b->d_cnt, b->st));
-    if (need > 0)
-        CK(cudaMemsetAsync(b->d_tiers, 0, (size_t)rows * FMC_SAMPLE_TIERS * sizeof *b->d_tiers, b->st));
-    fmc_sample_gather(b->logits, rows, b->vocab, b->d_am, range, need, SAMPLE_CAP, b->d_tiers, b->d_cnt,
-                      b->d_cand, b->st);
+    const fm_sampling *sp = &b->sampling;
+    const int chunk_draw = sp->top_k == 0 && !(sp->top_p < 1);
+    fmc_sample_args a = {(FM_SAMPLE_RANGE + 1) * sp->temperature, 1.0f / sp->temperature, sp->top_k,
+                         sp->top_p, b->d_u};
+    if (chunk_draw) /* no host filter follows: the candidates are the sampler's own, min-p included */
+        a.range =
+            sp->temperature * (sp->min_p > 0 ? fminf(FM_SAMPLE_RANGE, -logf(sp->min_p)) : FM_SAMPLE_RANGE);
+    for (int r = 0; r < rows; r++) b->h_u[r] = fm_sample_uniform(sp->seed, pos0 + r);
+    CK(cudaMemcpyAsync(b->d_u, b->h_u, (size_t)rows * sizeof *b->h_u, cudaMemcpyHostToDevice, b->st));
+    fmc_sample_gather(b->logits, rows, b->vocab, b->d_am, &a, &b->sscr, SAMPLE_CAP, b->d_cnt, b->d_cand,
+                      b->d_aux, b->st);
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(b->h_cnt, b->d_cnt, (size_t)rows * sizeof *b->h_cnt, cudaMemcpyDeviceToHost, b->st));
+    CK(cudaMemcpyAsync(b->h_aux, b->d_aux, (size_t)rows * 2 * sizeof *b->h_aux, cudaMemcpyDeviceToHost,
+                       b->st));
     CK(cudaMemcpyAsync(b->h_cand, b->d_cand, (size_t)rows * SAMPLE_CAP * sizeof *b->h_cand,
                        cudaMemcpyDeviceToHost, b->st));
     CK(cudaStreamSynchronize(b->st));
     for (int r = 0; r < rows; r++) {
-        const double u = fm_sample_uniform(b->sampling.seed, pos0 + r);
+        const fmc_candidate *c = b->h_cand + (size_t)r * SAMPLE_CAP;
+        const unsigned long long total = b->h_aux[2 * r];
         int nc = b->h_cnt[r];
+        if (chunk_draw) {
+            /* The chunk's candidates in id order; the first whose running mass passes the target. */
+            for (int i = 0; i < nc; i++) b->cand[i] = fm_candidate{c[i].logit, c[i].id, (double)c[i].w};
+            std::sort(b->cand, b->cand + nc,
+                      [](const fm_candidate &x, const fm_candidate &y) { return x.id < y.id; });
+            const unsigned long long target = fmc_sample_target(b->h_u[r], total);
+            unsigned long long run = b->h_aux[2 * r + 1];
+            out[r] = nc > 0 ? b->cand[nc - 1].id : 0; /* nc == 0: a row of NaN */
+            for (int i = 0; i < nc; i++)
+                if (target < (run += fmc_sample_fixed((float)b->cand[i].w))) {
+                    out[r] = b->cand[i].id;
+                    break;
+                }
+            continue;
+        }
+        double row_mass = sp->top_k == 0 ? (double)total / FMC_SAMPLE_SCALE : 0;
         if (nc > SAMPLE_CAP) {
             CK(cudaMemcpy(b->h_row, b->logits + (size_t)r * b->vocab, (size_t)b->vocab * 4,
                           cudaMemcpyDeviceToHost));
-            nc = fm_sample_gather(b->h_row, b->vocab, b->sampling.temperature, b->cand);
+            nc = fm_sample_gather(b->h_row, b->vocab, sp->temperature, b->cand);
+            row_mass = 0; /* the whole row is here: the sampler sums it itself */
         } else {
-            for (int i = 0; i < nc; i++)
-                b->cand[i] = fm_candidate{b->h_cand[(size_t)r * SAMPLE_CAP + i].logit,
-                                          b->h_cand[(size_t)r * SAMPLE_CAP + i].id, 0};
+            for (int i = 0; i < nc; i++) b->cand[i] = fm_candidate{c[i].logit, c[i].id, 0};
         }
-        out[r] = nc > 0 ? fm_sample_pick(b->cand, nc, &b->sampling, u) : 0; /* a row of NaN */
+        out[r] = nc > 0 ? fm_sample_pick_total(b->cand, nc, sp, b->h_u[r], row_mass) : 0; /* a row of NaN */
     }
     return 0;
 }
@@ -701,11 +730,17 @@ static int sample_rows(fm_cuda_backend *b, int rows, int pos0, int32_t *out, cha
 static int cu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (!fm_sampling_greedy(s) && !b->cand) {
-        const int R = b->rows_cap;
+        const int R = b->rows_cap, chunks = (b->vocab + FMC_SAMPLE_CHUNK - 1) / FMC_SAMPLE_CHUNK;
         DALLOC(b->d_cnt, (size_t)R * sizeof *b->d_cnt);
-        DALLOC(b->d_tiers, (size_t)R * FMC_SAMPLE_TIERS * sizeof *b->d_tiers);
+        DALLOC(b->d_aux, (size_t)R * 2 * sizeof *b->d_aux);
+        DALLOC(b->d_u, (size_t)R * sizeof *b->d_u);
+        DALLOC(b->sscr.tier_n, (size_t)R * FMC_SAMPLE_TIERS * sizeof *b->sscr.tier_n);
+        DALLOC(b->sscr.tier_w, (size_t)R * FMC_SAMPLE_TIERS * sizeof *b->sscr.tier_w);
+        DALLOC(b->sscr.chunk_w, (size_t)R * chunks * sizeof *b->sscr.chunk_w);
         DALLOC(b->d_cand, (size_t)R * SAMPLE_CAP * sizeof *b->d_cand);
         CK(cudaMallocHost(&b->h_cnt, (size_t)R * sizeof *b->h_cnt));
+        CK(cudaMallocHost(&b->h_aux, (size_t)R * 2 * sizeof *b->h_aux));
+        CK(cudaMallocHost(&b->h_u, (size_t)R * sizeof *b->h_u));
         CK(cudaMallocHost(&b->h_cand, (size_t)R * SAMPLE_CAP * sizeof *b->h_cand));
         b->h_row = (float *)malloc((size_t)b->vocab * sizeof *b->h_row);
         b->cand = (fm_candidate *)malloc((size_t)b->vocab * sizeof *b->cand);

@@ -224,19 +224,6 @@ void fmc_argmax(const float *x, int T, int n, unsigned long long *out, int pdl, 
 static inline int32_t fmc_argmax_index(unsigned long long p) {
     return p ? (int32_t)(0xffffffffu - (uint32_t)(p & 0xffffffffu)) : 0;
 }
-/* Sampling (decode/sampler.h): candidates of each of T rows (am: fmc_argmax's result for them), in any
- * order, up to cap a row into out[t][..]; count[t] gets how many there were, which may be more than cap
- * (then the row must be gathered from its logits). The candidates are the tokens within `range` of the
- * row's largest logit; with need > 0 only the top tiers of them (range cut in FMC_SAMPLE_TIERS slices) that
- * hold at least `need` tokens: a superset of the `need` largest and every token tied with them. count and,
- * with need > 0, tiers ([T][FMC_SAMPLE_TIERS]) must be zeroed first. */
-enum { FMC_SAMPLE_TIERS = 64 };
-typedef struct {
-    float logit;
-    int32_t id;
-} fmc_candidate;
-void fmc_sample_gather(const float *x, int T, int n, const unsigned long long *am, float range, int need,
-                       int cap, int *tiers, int *count, fmc_candidate *out, cudaStream_t s);
 /* The drafter's small kernels take pdl as the products do (cuda_device.cuh): with pdl = 1 they may start
  * before their predecessor is done and wait for it before touching its data. */
 /* y = x * (w / rms(x)) per row (double sums as the CPU reference). */

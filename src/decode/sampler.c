@@ -118,7 +118,7 @@ static int nucleus(fm_candidate *c, int n, float m, double width, double limit) 
 /* Applies the filters to c[0..n); returns how many remain at its front, w set, in the order a draw walks
  * them: by descending logit after top-p, else by id. Candidates may come in any order (the GPU gathers
  * them in any): every sum runs in one of those two orders, so the result depends on the set alone. */
-static int filter(fm_candidate *c, int n, const fm_sampling *s) {
+static int filter(fm_candidate *c, int n, const fm_sampling *s, double row_mass) {
     float m = c[0].logit;
     for (int i = 1; i < n; i++)
         if (c[i].logit > m) m = c[i].logit;
@@ -157,7 +157,8 @@ static int filter(fm_candidate *c, int n, const fm_sampling *s) {
     for (int i = 0; i < n; i++) sum += c[i].w = exp(((double)c[i].logit - m) / t);
     /* Top-p keeps a token while the mass of those before it is under top_p (HF: its ascending cumulative
      * probability, itself included, exceeds 1 - top_p); the first always stays. */
-    if (s->top_p < 1) n = nucleus(c, n, m, (FM_SAMPLE_RANGE + 1) * t, (double)s->top_p * sum);
+    if (s->top_p < 1)
+        n = nucleus(c, n, m, (FM_SAMPLE_RANGE + 1) * t, (double)s->top_p * (row_mass > 0 ? row_mass : sum));
     if (s->min_p > 0) {
         /* The most likely token's w is exp(0) = 1 and it is never filtered out. */
         kept = 0;
@@ -169,7 +170,11 @@ static int filter(fm_candidate *c, int n, const fm_sampling *s) {
 }
 
 int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, double u) {
-    n = filter(c, n, s);
+    return fm_sample_pick_total(c, n, s, u, 0);
+}
+
+int32_t fm_sample_pick_total(fm_candidate *c, int n, const fm_sampling *s, double u, double row_mass) {
+    n = filter(c, n, s, row_mass);
     double sum = 0;
     for (int i = 0; i < n; i++) sum += c[i].w;
     const double target = u * sum;
@@ -183,7 +188,7 @@ int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, double u) {
 
 int fm_sample_distribution(fm_candidate *c, int n, const fm_sampling *s, int32_t *ids, double *p,
                            int *n_out) {
-    n = filter(c, n, s);
+    n = filter(c, n, s, 0);
     double sum = 0;
     for (int i = 0; i < n; i++) sum += c[i].w;
     for (int i = 0; i < n; i++) ids[i] = c[i].id, p[i] = c[i].w / sum;

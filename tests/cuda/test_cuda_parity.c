@@ -115,13 +115,15 @@ static void check_spec_equals_plain(const fm_decode_backend *G, const int32_t *p
  * the same logits rows; then plain decoding with a seed, and speculative == plain for every verify mode. */
 static void check_sampling(const fm_decode_backend *G, fm_cuda_backend *gb, const int32_t *prompt, int NP,
                            int V, const char *what) {
-    const fm_sampling settings[] = {{0.8f, 40, 0.95f, 0, 77}, {1.5f, 0, 1, 0.02f, 78}};
+    /* top-k tiers; the chunk draw (with min-p); top-p tiers */
+    const fm_sampling settings[] = {
+        {0.8f, 40, 0.95f, 0, 77}, {1.5f, 0, 1, 0.02f, 78}, {1.0f, 0, 0.9f, 0, 79}};
     const int R = NP < 24 ? NP : 24; /* rows of one forward (the tiny backends take 32) */
     char err[512] = "";
     float *rows = malloc(sizeof(float) * (size_t)NP * V);
     fm_candidate *scratch = malloc(sizeof(fm_candidate) * (size_t)V);
     int32_t *am = malloc(sizeof(int32_t) * (size_t)NP);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         const fm_sampling *s = &settings[k];
         G->reset(G->ctx);
         int rc = G->set_sampling(G->ctx, s, err, sizeof err) ||
@@ -653,12 +655,13 @@ static void full_size_report(const char *dir) {
                r0 + 7, fm_isa_name(isa), rows_rel_err(gl, cl, V, r0, r0 + 8), fm_isa_name(other),
                rows_rel_err(c2, cl, V, r0, r0 + 8));
     {
-        /* Sampling over the full vocabulary: at T = 1.5 these random-weight rows have more candidates than
-         * the GPU brings back (SAMPLE_CAP), at T = 0.3 fewer, with top-k 20 only the top tiers come back:
-         * every path must draw what the host draws. */
+        /* Sampling over the full vocabulary, every path of cuda_sample.cuh: the chunk draw (T 1.5), top-p
+         * tiers (T 0.3), top-k tiers, and top-p on rows so flat that its tiers hold more than the GPU brings
+         * back (T 1.5, top-p 0.95: read whole). Each must draw what the host draws from the whole row. */
         fm_candidate *scratch = malloc(sizeof(fm_candidate) * (size_t)V);
-        const fm_sampling modes[] = {{1.5f, 0, 1, 0, 9}, {0.3f, 0, 0.9f, 0, 9}, {0.7f, 20, 0.8f, 0, 9}};
-        for (int k = 0; k < 3 && scratch; k++) {
+        const fm_sampling modes[] = {
+            {1.5f, 0, 1, 0, 9}, {0.3f, 0, 0.9f, 0, 9}, {0.7f, 20, 0.8f, 0, 9}, {1.5f, 0, 0.95f, 0, 9}};
+        for (int k = 0; k < 4 && scratch; k++) {
             const fm_sampling *sp = &modes[k];
             G.reset(G.ctx);
             int src =
