@@ -85,13 +85,14 @@ struct fm_cuda_backend {
      * row's candidates come back, and the host draws (with the CPU backend's code, or by walking the chunk
      * the GPU located) */
     fm_sampling sampling;
-    int *d_cnt, *h_cnt;                /* [rows_cap] */
+    void *d_res, *h_res; /* what comes back, one copy: the three arrays below, on the device and pinned */
+    int *d_cnt, *h_cnt;  /* [rows_cap] */
     unsigned long long *d_aux, *h_aux; /* [rows_cap][2] */
+    fmc_candidate *d_cand, *h_cand;    /* [rows_cap][SAMPLE_CAP] */
     double *d_u, *h_u;                 /* [rows_cap] */
     fmc_sample_scratch sscr;
-    fmc_candidate *d_cand, *h_cand; /* [rows_cap][SAMPLE_CAP] */
-    fm_candidate *cand;             /* [vocab] */
-    float *h_row;                   /* [vocab]: a row with more than SAMPLE_CAP candidates */
+    fm_candidate *cand; /* [vocab] */
+    float *h_row;       /* [vocab]: a row with more than SAMPLE_CAP candidates */
     /* graphs, programmatic dependent launch */
     int use_graphs, use_pdl, n_graphs;
     double warm_ms; /* the graphs captured at creation (warm_graphs) took this long */
@@ -465,10 +466,8 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     if (b->h_ids) cudaFreeHost(b->h_ids);
     if (b->h_am) cudaFreeHost(b->h_am);
     if (b->h_pos) cudaFreeHost(b->h_pos);
-    if (b->h_cnt) cudaFreeHost(b->h_cnt);
-    if (b->h_aux) cudaFreeHost(b->h_aux);
+    if (b->h_res) cudaFreeHost(b->h_res);
     if (b->h_u) cudaFreeHost(b->h_u);
-    if (b->h_cand) cudaFreeHost(b->h_cand);
     free(b->cand);
     free(b->h_row);
     if (b->st) cudaStreamDestroy(b->st);
@@ -688,29 +687,28 @@ static int sample_rows(fm_cuda_backend *b, int rows, int pos0, int32_t *out, cha
     fmc_sample_gather(b->logits, rows, b->vocab, b->d_am, &a, &b->sscr, SAMPLE_CAP, b->d_cnt, b->d_cand,
                       b->d_aux, b->st);
     CK(cudaGetLastError());
-    CK(cudaMemcpyAsync(b->h_cnt, b->d_cnt, (size_t)rows * sizeof *b->h_cnt, cudaMemcpyDeviceToHost, b->st));
-    CK(cudaMemcpyAsync(b->h_aux, b->d_aux, (size_t)rows * 2 * sizeof *b->h_aux, cudaMemcpyDeviceToHost,
-                       b->st));
-    CK(cudaMemcpyAsync(b->h_cand, b->d_cand, (size_t)rows * SAMPLE_CAP * sizeof *b->h_cand,
-                       cudaMemcpyDeviceToHost, b->st));
+    const size_t bytes = (size_t)((char *)(b->d_cand + (size_t)rows * SAMPLE_CAP) - (char *)b->d_res);
+    CK(cudaMemcpyAsync(b->h_res, b->d_res, bytes, cudaMemcpyDeviceToHost, b->st));
     CK(cudaStreamSynchronize(b->st));
     for (int r = 0; r < rows; r++) {
         const fmc_candidate *c = b->h_cand + (size_t)r * SAMPLE_CAP;
         const unsigned long long total = b->h_aux[2 * r];
         int nc = b->h_cnt[r];
         if (chunk_draw) {
-            /* The chunk's candidates in id order; the first whose running mass passes the target. */
-            for (int i = 0; i < nc; i++) b->cand[i] = fm_candidate{c[i].logit, c[i].id, (double)c[i].w};
-            std::sort(b->cand, b->cand + nc,
-                      [](const fm_candidate &x, const fm_candidate &y) { return x.id < y.id; });
+            /* The chunk's candidates by id (they all lie in one chunk); the first whose running mass passes
+             * the target. */
+            int slot[FMC_SAMPLE_CHUNK];
+            const int base = nc > 0 ? c[0].id / FMC_SAMPLE_CHUNK * FMC_SAMPLE_CHUNK : 0;
+            for (int i = 0; i < FMC_SAMPLE_CHUNK; i++) slot[i] = -1;
+            for (int i = 0; i < nc; i++) slot[c[i].id - base] = i;
             const unsigned long long target = fmc_sample_target(b->h_u[r], total);
             unsigned long long run = b->h_aux[2 * r + 1];
-            out[r] = nc > 0 ? b->cand[nc - 1].id : 0; /* nc == 0: a row of NaN */
-            for (int i = 0; i < nc; i++)
-                if (target < (run += fmc_sample_fixed((float)b->cand[i].w))) {
-                    out[r] = b->cand[i].id;
-                    break;
-                }
+            out[r] = 0; /* nc == 0: a row of NaN */
+            for (int k = 0; k < FMC_SAMPLE_CHUNK; k++) {
+                if (slot[k] < 0) continue;
+                out[r] = c[slot[k]].id; /* the last, should the sums round short */
+                if (target < (run += fmc_sample_fixed(c[slot[k]].w))) break;
+            }
             continue;
         }
         double row_mass = sp->top_k == 0 ? (double)total / FMC_SAMPLE_SCALE : 0;
@@ -731,17 +729,20 @@ static int cu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t er
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (!fm_sampling_greedy(s) && !b->cand) {
         const int R = b->rows_cap, chunks = (b->vocab + FMC_SAMPLE_CHUNK - 1) / FMC_SAMPLE_CHUNK;
-        DALLOC(b->d_cnt, (size_t)R * sizeof *b->d_cnt);
-        DALLOC(b->d_aux, (size_t)R * 2 * sizeof *b->d_aux);
+        const size_t cnt_bytes = ((size_t)R * sizeof(int) + 15) / 16 * 16, aux_bytes = (size_t)R * 16,
+                     res_bytes = cnt_bytes + aux_bytes + (size_t)R * SAMPLE_CAP * sizeof(fmc_candidate);
+        DALLOC(b->d_res, res_bytes);
+        CK(cudaMallocHost(&b->h_res, res_bytes));
+        b->d_cnt = (int *)b->d_res, b->h_cnt = (int *)b->h_res;
+        b->d_aux = (unsigned long long *)((char *)b->d_res + cnt_bytes);
+        b->h_aux = (unsigned long long *)((char *)b->h_res + cnt_bytes);
+        b->d_cand = (fmc_candidate *)((char *)b->d_res + cnt_bytes + aux_bytes);
+        b->h_cand = (fmc_candidate *)((char *)b->h_res + cnt_bytes + aux_bytes);
         DALLOC(b->d_u, (size_t)R * sizeof *b->d_u);
         DALLOC(b->sscr.tier_n, (size_t)R * FMC_SAMPLE_TIERS * sizeof *b->sscr.tier_n);
         DALLOC(b->sscr.tier_w, (size_t)R * FMC_SAMPLE_TIERS * sizeof *b->sscr.tier_w);
         DALLOC(b->sscr.chunk_w, (size_t)R * chunks * sizeof *b->sscr.chunk_w);
-        DALLOC(b->d_cand, (size_t)R * SAMPLE_CAP * sizeof *b->d_cand);
-        CK(cudaMallocHost(&b->h_cnt, (size_t)R * sizeof *b->h_cnt));
-        CK(cudaMallocHost(&b->h_aux, (size_t)R * 2 * sizeof *b->h_aux));
         CK(cudaMallocHost(&b->h_u, (size_t)R * sizeof *b->h_u));
-        CK(cudaMallocHost(&b->h_cand, (size_t)R * SAMPLE_CAP * sizeof *b->h_cand));
         b->h_row = (float *)malloc((size_t)b->vocab * sizeof *b->h_row);
         b->cand = (fm_candidate *)malloc((size_t)b->vocab * sizeof *b->cand);
         if (!b->h_row || !b->cand) {

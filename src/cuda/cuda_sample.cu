@@ -24,26 +24,47 @@ __device__ __forceinline__ float weight(float v, float m, float inv_t) {
     return expf((v - m) * inv_t);
 }
 
-/* grid (ceil(n / BLOCK_TOKENS), T). */
+/* The sum of v over the warp's lanes where `mine` (every lane gets it): a warp's lanes mostly fall in one or
+ * two tiers, and a shared-memory atomic per lane there would serialise. */
+__device__ __forceinline__ unsigned long long warp_sum(unsigned long long v, bool mine) {
+    v = mine ? v : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* grid (ceil(n / BLOCK_TOKENS), T). Every lane of a warp runs the same iterations (the ballots need it). */
 __global__ void k_sample_stats(const float *x, int n, const unsigned long long *am, float range, float inv_t,
                                fmc_sample_scratch scr) {
     __shared__ int cnt[FMC_SAMPLE_TIERS];
     __shared__ unsigned long long mass[FMC_SAMPLE_TIERS], sub[CHUNKS_PER_BLOCK];
     const int t = blockIdx.y, c0 = blockIdx.x * BLOCK_TOKENS, c1 = min(n, c0 + BLOCK_TOKENS);
-    const int n_chunks = (n + FMC_SAMPLE_CHUNK - 1) / FMC_SAMPLE_CHUNK;
+    const int n_chunks = (n + FMC_SAMPLE_CHUNK - 1) / FMC_SAMPLE_CHUNK, lane = threadIdx.x & 31;
     for (int j = threadIdx.x; j < FMC_SAMPLE_TIERS; j += blockDim.x) cnt[j] = 0, mass[j] = 0;
     if (threadIdx.x < CHUNKS_PER_BLOCK) sub[threadIdx.x] = 0;
     __syncthreads();
     const float m = packed_max(am[t]);
     const float *r = x + (size_t)t * n;
-    for (int i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
-        const float v = r[i];
+    for (int i0 = c0; i0 < c1; i0 += blockDim.x) {
+        const int i = i0 + threadIdx.x;
+        const float v = i < c1 ? r[i] : -INFINITY;
         const int tier = tier_of(v, m, range);
-        if (tier == FMC_SAMPLE_TIERS) continue;
-        const unsigned long long q = fmc_sample_fixed(weight(v, m, inv_t));
-        atomicAdd(&cnt[tier], 1);
-        atomicAdd(&mass[tier], q);
-        atomicAdd(&sub[(i - c0) / FMC_SAMPLE_CHUNK], q);
+        const unsigned long long q = tier < FMC_SAMPLE_TIERS ? fmc_sample_fixed(weight(v, m, inv_t)) : 0;
+        unsigned todo = __ballot_sync(0xffffffffu, tier < FMC_SAMPLE_TIERS);
+        if (!todo) continue;
+        /* The warp's 32 ids lie in one chunk (256-token steps from a multiple of 1024). */
+        const unsigned long long chunk_q = warp_sum(q, true);
+        if (lane == 0) atomicAdd(&sub[(i0 - c0 + (int)(threadIdx.x & ~31u)) / FMC_SAMPLE_CHUNK], chunk_q);
+        while (todo) { /* one round per distinct tier among the warp's lanes */
+            const int lead = __shfl_sync(0xffffffffu, tier, __ffs(todo) - 1);
+            const unsigned same = __ballot_sync(0xffffffffu, tier == lead);
+            const unsigned long long tq = warp_sum(q, tier == lead);
+            if (lane == __ffs(todo) - 1) {
+                atomicAdd(&cnt[lead], __popc(same));
+                atomicAdd(&mass[lead], tq);
+            }
+            todo &= ~same;
+        }
     }
     __syncthreads();
     for (int j = threadIdx.x; j < FMC_SAMPLE_TIERS; j += blockDim.x)
