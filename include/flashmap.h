@@ -144,7 +144,7 @@ typedef struct {
 typedef struct {
     float temperature; /* <= 0: greedy */
     int top_k;         /* 0: no limit */
-    float top_p;       /* 1: no limit; (0, 1) */
+    float top_p;       /* (0, 1): keep that share of the probability; 0 or 1: no limit */
     float min_p;       /* 0: off; [0, 1) */
     uint64_t seed;
 } fm_sampling;

@@ -198,10 +198,13 @@ static void check_uniforms(void) {
 
 static void check_settings(void) {
     char err[256];
-    const fm_sampling ok = {0.7f, 20, 0.8f, 0, 1}, greedy = {0, 0, 1, 0, 0};
+    const fm_sampling ok = {0.7f, 20, 0.8f, 0, 1}, greedy = {0, 0, 1, 0, 0}, zeroed = {0},
+                      zero_p = {1, 0, 0, 0, 0};
     CHECK(fm_sampling_check(&ok, err, sizeof err) == 0);
+    CHECK(fm_sampling_check(&zeroed, err, sizeof err) == 0);
+    CHECK(fm_sampling_check(&zero_p, err, sizeof err) == 0 && !fm_sampling_top_p_on(&zero_p));
     CHECK(fm_sampling_check(&greedy, err, sizeof err) == 0);
-    const fm_sampling bad[] = {{-1, 0, 1, 0, 0},   {NAN, 0, 1, 0, 0}, {1, -2, 1, 0, 0},   {1, 0, 0, 0, 0},
+    const fm_sampling bad[] = {{-1, 0, 1, 0, 0},   {NAN, 0, 1, 0, 0}, {1, -2, 1, 0, 0},   {1, 0, -0.5f, 0, 0},
                                {1, 0, 1.5f, 0, 0}, {1, 0, 1, 1, 0},   {1, 0, 1, -0.1f, 0}};
     static const char *const names[] = {"temperature", "temperature", "top-k", "top-p",
                                         "top-p",       "min-p",       "min-p"};

@@ -676,9 +676,9 @@ static int cu_pos(void *ctx) {
  * walks it in id order with the GPU's own fixed-point masses, which sum to that chunk's exactly. */
 static int sample_rows(fm_cuda_backend *b, int rows, int pos0, int32_t *out, char *err, size_t errlen) {
     const fm_sampling *sp = &b->sampling;
-    const int chunk_draw = sp->top_k == 0 && !(sp->top_p < 1);
+    const int chunk_draw = sp->top_k == 0 && !fm_sampling_top_p_on(sp);
     fmc_sample_args a = {(FM_SAMPLE_RANGE + 1) * sp->temperature, 1.0f / sp->temperature, sp->top_k,
-                         sp->top_p, b->d_u};
+                         fm_sampling_top_p_on(sp) ? sp->top_p : 1, b->d_u};
     if (chunk_draw) /* no host filter follows: the candidates are the sampler's own, min-p included */
         a.range =
             sp->temperature * (sp->min_p > 0 ? fminf(FM_SAMPLE_RANGE, -logf(sp->min_p)) : FM_SAMPLE_RANGE);

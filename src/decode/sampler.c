@@ -16,8 +16,9 @@ int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen) {
         return fm_set_error(err, errlen, "temperature must be in [0, 100], got %g", (double)s->temperature);
     if (s->top_k < 0)
         return fm_set_error(err, errlen, "top-k must be 0 (no limit) or more, got %d", s->top_k);
-    if (!(s->top_p > 0) || s->top_p > 1)
-        return fm_set_error(err, errlen, "top-p must be in (0, 1], got %g", (double)s->top_p);
+    if (!(s->top_p >= 0) || s->top_p > 1)
+        return fm_set_error(err, errlen, "top-p must be in [0, 1] (0 or 1: no limit), got %g",
+                            (double)s->top_p);
     if (!(s->min_p >= 0) || s->min_p >= 1)
         return fm_set_error(err, errlen, "min-p must be in [0, 1), got %g", (double)s->min_p);
     return 0;
@@ -157,7 +158,7 @@ static int filter(fm_candidate *c, int n, const fm_sampling *s, double row_mass)
     for (int i = 0; i < n; i++) sum += c[i].w = exp(((double)c[i].logit - m) / t);
     /* Top-p keeps a token while the mass of those before it is under top_p (HF: its ascending cumulative
      * probability, itself included, exceeds 1 - top_p); the first always stays. */
-    if (s->top_p < 1)
+    if (fm_sampling_top_p_on(s))
         n = nucleus(c, n, m, (FM_SAMPLE_RANGE + 1) * t, (double)s->top_p * (row_mass > 0 ? row_mass : sum));
     if (s->min_p > 0) {
         /* The most likely token's w is exp(0) = 1 and it is never filtered out. */

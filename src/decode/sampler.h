@@ -30,6 +30,11 @@ static inline int fm_sampling_greedy(const fm_sampling *s) {
     return !s || !(s->temperature > 0);
 }
 
+/* top_p 0 (a zeroed struct) and 1 both mean no limit. */
+static inline int fm_sampling_top_p_on(const fm_sampling *s) {
+    return s->top_p > 0 && s->top_p < 1;
+}
+
 /* 0, or -1 with one line naming the setting that is out of range. */
 int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen);
 
