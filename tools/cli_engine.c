@@ -2,6 +2,7 @@
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -23,6 +24,27 @@ uint64_t cli_random_seed(void) {
     if (!f || fread(&seed, sizeof seed, 1, f) != 1) seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull;
     if (f) fclose(f);
     return seed & ((1ull << 53) - 1); /* exact in JSON numbers, so a printed seed can be given back */
+}
+
+/* The shortest decimal that reads back as f (0.9, not 0.899999976). */
+static double short_float(float f) {
+    char buf[32];
+    for (int digits = 6; digits < 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
+        if ((float)strtod(buf, NULL) == f) return strtod(buf, NULL);
+    }
+    return (double)f;
+}
+
+void cli_json_add_sampling(cJSON *obj, const fm_sampling *sp) {
+    cJSON *s = cJSON_AddObjectToObject(obj, "sampling");
+    char seed[24];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)sp->seed);
+    cJSON_AddNumberToObject(s, "temperature", short_float(sp->temperature));
+    cJSON_AddNumberToObject(s, "top_k", sp->top_k);
+    cJSON_AddNumberToObject(s, "top_p", short_float(sp->top_p));
+    cJSON_AddNumberToObject(s, "min_p", short_float(sp->min_p));
+    cJSON_AddRawToObject(s, "seed", seed);
 }
 
 /* The sampling options; same contract as cli_engine_opt. */

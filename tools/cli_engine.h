@@ -36,6 +36,10 @@ enum { CLI_ENGINE_NO_DEVICE = 1u, CLI_ENGINE_NO_CTX = 2u, CLI_ENGINE_NO_SAMPLING
 
 /* A seed for a sampled generation that was given none (from the OS's random source). */
 uint64_t cli_random_seed(void);
+/* Adds "sampling": {temperature, top_k, top_p, min_p, seed} (floats in their shortest form, the seed as
+ * digits) to a JSON object: `generate --json` stats and the server's "flashmap" object. */
+struct cJSON;
+void cli_json_add_sampling(struct cJSON *obj, const fm_sampling *sp);
 
 void cli_engine_opts_init(cli_engine_opts *o);
 /* If argv[*i] is one of the shared options (and not excluded by flags), consumes it and its value (advancing

@@ -234,14 +234,7 @@ static void print_json(fm_engine *e, const int32_t *prompt, int n_prompt, const 
     cli_json_add_decode_stats(s, st);
     cJSON_AddBoolToObject(s, "simulated", st->simulated);
     cJSON_AddStringToObject(s, "stop", stop_name(st->stop));
-    if (sp->temperature > 0) {
-        cJSON *j = cJSON_AddObjectToObject(s, "sampling");
-        cJSON_AddNumberToObject(j, "temperature", sp->temperature);
-        cJSON_AddNumberToObject(j, "top_k", sp->top_k);
-        cJSON_AddNumberToObject(j, "top_p", sp->top_p);
-        cJSON_AddNumberToObject(j, "min_p", sp->min_p);
-        cJSON_AddNumberToObject(j, "seed", (double)sp->seed);
-    }
+    if (sp->temperature > 0) cli_json_add_sampling(s, sp);
     if (tr) {
         cJSON *rounds = cJSON_AddArrayToObject(root, "rounds");
         for (int i = 0; i < n_tr; i++) {

@@ -66,15 +66,6 @@ static void add_usage(cJSON *root, const serve_reply_end *end) {
 
 /* A float setting as the shortest decimal that reads back as the same float (0.9, not 0.899999976), so a
  * client that sends it back gets the same setting. */
-static double short_float(float f) {
-    char buf[32];
-    for (int digits = 6; digits < 9; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
-        if ((float)strtod(buf, NULL) == f) return strtod(buf, NULL);
-    }
-    return (double)f;
-}
-
 /* flashmap's extension: how the request was decoded (the same names as `generate --json` stats). "seed" is
  * the seed a sampled reply was drawn with (null when greedy); "sampling" the settings used, when sampled. */
 static void add_flashmap(cJSON *root, const serve_reply_end *end) {
@@ -82,16 +73,10 @@ static void add_flashmap(cJSON *root, const serve_reply_end *end) {
     cJSON_AddBoolToObject(f, "speculative", end->speculative);
     const fm_sampling *sp = &end->sampling;
     if (sp->temperature > 0) {
-        /* The seed as digits: cJSON would print some 16-digit seeds as 1.23456789012345e+15. */
         char seed[24];
         snprintf(seed, sizeof seed, "%llu", (unsigned long long)sp->seed);
-        cJSON_AddRawToObject(f, "seed", seed);
-        cJSON *s = cJSON_AddObjectToObject(f, "sampling");
-        cJSON_AddNumberToObject(s, "temperature", short_float(sp->temperature));
-        cJSON_AddNumberToObject(s, "top_k", sp->top_k);
-        cJSON_AddNumberToObject(s, "top_p", short_float(sp->top_p));
-        cJSON_AddNumberToObject(s, "min_p", short_float(sp->min_p));
-        cJSON_AddRawToObject(s, "seed", seed);
+        cJSON_AddRawToObject(f, "seed", seed); /* digits: cJSON would print some as 1.2e+15 */
+        cli_json_add_sampling(f, sp);
     } else {
         cJSON_AddNullToObject(f, "seed");
     }

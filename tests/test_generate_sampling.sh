@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# test_generate_sampling.sh: `flashmap generate`'s sampling options end to end on a tiny synthetic pair.
+# The same seed gives the same ids, speculative (every verify mode) or plain; another seed gives other ids;
+# --json reports the settings and the seed (as digits), a run without --seed draws and reports a fresh one
+# that reproduces it; temperature 0 is the greedy output; bench refuses the options; bad values exit 2
+# with one line naming the option.
+set -u
+cli="${FM_CLI:?FM_CLI is not set}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+check() { # check DESCRIPTION COMMAND...
+  if "${@:2}"; then :; else echo "FAIL: $1" >&2; fail=1; fi
+}
+
+"$cli" synth target --preset tiny --layers 4 -q -o "$tmp/t.gguf" || { echo "FAIL: synth target" >&2; exit 1; }
+mkdir -p "$tmp/d"
+"$cli" synth drafter -m "$tmp/t.gguf" -o "$tmp/d/model.safetensors" --dim 64 --layers 2 --heads 4 --ffn 128 \
+  --target-layers 1,2 >/dev/null 2>&1 || { echo "FAIL: synth drafter" >&2; exit 1; }
+
+gen() { # gen OUT ARGS...: the tokens array of generate --json
+  "$cli" generate -m "$tmp/t.gguf" -d "$tmp/d" --prompt-ids 5,6,7,8 -n 48 --ignore-eos -t 2 --json "${@:2}" \
+    >"$tmp/$1.json" 2>"$tmp/$1.err" || { echo "FAIL: generate ${*:2}: $(tail -n 1 "$tmp/$1.err")" >&2; fail=1; }
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens"])' "$tmp/$1.json" >"$tmp/$1.ids"
+}
+samp=(--temp 1.2 --top-p 0.9 --min-p 0.01)
+gen plain "${samp[@]}" --seed 42 --no-spec
+gen spec "${samp[@]}" --seed 42
+gen spec1 "${samp[@]}" --seed 42 --verify 1
+gen spec16 "${samp[@]}" --seed 42 --verify 16 --no-fallback
+gen sim "${samp[@]}" --seed 42 --simulate 8
+gen other "${samp[@]}" --seed 43 --no-spec
+gen greedy --no-spec
+gen cold --temp 0 --seed 42 --no-spec
+gen topk1 --temp 1.5 --top-k 1 --seed 42
+for v in spec spec1 spec16 sim; do
+  check "speculative ($v) == plain with the same seed" cmp -s "$tmp/plain.ids" "$tmp/$v.ids"
+done
+check "the simulated run accepted drafts" python3 -c '
+import json,sys; s=json.load(open(sys.argv[1]))["stats"]; sys.exit(0 if s["accepted"] > 0 and s["simulated"] else 1)' \
+  "$tmp/sim.json"
+check "another seed, other ids" test "$(cat "$tmp/plain.ids")" != "$(cat "$tmp/other.ids")"
+check "sampled ids differ from greedy" test "$(cat "$tmp/plain.ids")" != "$(cat "$tmp/greedy.ids")"
+check "temperature 0 is greedy" cmp -s "$tmp/greedy.ids" "$tmp/cold.ids"
+check "top-k 1 is greedy" cmp -s "$tmp/greedy.ids" "$tmp/topk1.ids"
+check "--json reports the settings" python3 -c '
+import json,sys; s=json.load(open(sys.argv[1]))["stats"]["sampling"]
+sys.exit(0 if s == {"temperature": 1.2, "top_k": 0, "top_p": 0.9, "min_p": 0.01, "seed": 42} else 1)' "$tmp/spec.json"
+check "greedy --json has no sampling" python3 -c '
+import json,sys; sys.exit(0 if "sampling" not in json.load(open(sys.argv[1]))["stats"] else 1)' "$tmp/greedy.json"
+check "the stats line names the seed" grep -q "sampled, seed 42" "$tmp/spec.err"
+
+# No --seed: a fresh one, reported as digits, and giving it back reproduces the ids.
+gen fresh "${samp[@]}"
+seed=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stats"]["sampling"]["seed"])' "$tmp/fresh.json")
+check "a fresh seed is an integer ($seed)" grep -qE '"seed":[0-9]+[,}]' "$tmp/fresh.json"
+gen again "${samp[@]}" --seed "$seed"
+check "the reported seed reproduces the run" cmp -s "$tmp/fresh.ids" "$tmp/again.ids"
+
+# Bad values: exit 2, one line naming the option.
+for bad in "--temp -1" "--temp hot" "--top-p 0" "--top-p 1.5" "--min-p 1" "--top-k -3" "--seed -1"; do
+  "$cli" generate -m "$tmp/t.gguf" --prompt-ids 1 -n 1 $bad >/dev/null 2>"$tmp/bad.err"
+  rc=$?
+  opt=${bad%% *}
+  check "generate $bad exits 2 (got $rc)" test "$rc" -eq 2
+  check "generate $bad names $opt in one line" test "$(wc -l <"$tmp/bad.err")" -eq 1 -a -n "$(grep -F -- "$opt" "$tmp/bad.err")"
+done
+"$cli" bench -m "$tmp/t.gguf" --temp 0.7 >/dev/null 2>"$tmp/bench.err"
+check "bench refuses --temp" test $? -eq 2
+exit $fail
