@@ -57,6 +57,19 @@ check "a fresh seed is an integer ($seed)" grep -qE '"seed":[0-9]+[,}]' "$tmp/fr
 gen again "${samp[@]}" --seed "$seed"
 check "the reported seed reproduces the run" cmp -s "$tmp/fresh.ids" "$tmp/again.ids"
 
+# chat samples by default with Qwen3's suggested settings (printed), reproducibly with --seed; --temp 0 is
+# greedy and prints no sampling line.
+chat() { printf 'hello\nand again\n' | "$cli" chat -m "$tmp/t.gguf" -d "$tmp/d" -n 12 -t 2 "$@" 2>&1; }
+chat --seed 9 >"$tmp/c1.txt"; chat --seed 9 >"$tmp/c2.txt"; chat --seed 9 --no-spec >"$tmp/c3.txt"
+chat --seed 10 >"$tmp/c4.txt"; chat --temp 0 >"$tmp/c5.txt"
+check "chat prints its default sampling" grep -qF "sampling: temperature 0.6, top-k 20, top-p 0.95, min-p 0, seed 9" "$tmp/c1.txt"
+strip() { grep -Ev '^\[[0-9]+ new tok|^sampling:' "$1"; } # the replies only (not the stats lines)
+check "chat with a seed repeats itself" test "$(strip "$tmp/c1.txt")" = "$(strip "$tmp/c2.txt")"
+check "chat speculative == plain" test "$(strip "$tmp/c1.txt")" = "$(strip "$tmp/c3.txt")"
+check "chat with another seed differs" test "$(strip "$tmp/c1.txt")" != "$(strip "$tmp/c4.txt")"
+check "chat --temp 0 prints no sampling line" test "$(grep -c '^sampling:' "$tmp/c5.txt")" -eq 0
+check "chat --no-think uses the non-thinking settings" grep -qF "temperature 0.7, top-k 20, top-p 0.8" <(chat --no-think)
+
 # Bad values: exit 2, one line naming the option.
 for bad in "--temp -1" "--temp hot" "--top-p 0" "--top-p 1.5" "--min-p 1" "--top-k -3" "--seed -1"; do
   "$cli" generate -m "$tmp/t.gguf" --prompt-ids 1 -n 1 $bad >/dev/null 2>"$tmp/bad.err"

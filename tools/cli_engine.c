@@ -57,6 +57,7 @@ static int sampling_opt(const char *cmd, int argc, char **argv, int *i, cli_engi
     if (!v) return -1;
     double d;
     long n;
+    o->sampling_given |= !is_seed;
     if (is_temp) {
         if (cli_parse_double(cmd, a, v, 0, 100, &d)) return -1;
         o->sampling.temperature = (float)d;

@@ -17,7 +17,7 @@ typedef struct {
     int spec, verify,
         fallback;         /* speculative decoding on (default), verify width (0: adaptive), fallback on */
     fm_sampling sampling; /* --temp, --top-k, --top-p, --min-p, --seed (greedy by default) */
-    int seed_given;
+    int seed_given, sampling_given;          /* --seed; any of --temp --top-k --top-p --min-p */
     char model_buf[4096], drafter_buf[4096]; /* the cached defaults, when resolved */
 } cli_engine_opts;
 
