@@ -3,10 +3,11 @@
  *      temperature / top-k / top-p / min-p settings, the tokens HF's warpers keep and their probabilities.
  *      Ours must keep the same tokens (but those HF gives less than e^-30 x the top probability, which ours
  *      never draws) with the same probabilities.
- *   2. Draws follow the kept distribution: N stratified uniforms give every token N p +- 1 draws.
- *   3. A draw depends on the row, the settings and u only: not on the order of the candidates, nor on
- *      extra candidates past the range (the GPU gathers a superset); greedy is the argmax; the uniforms of
- *      (seed, position) are uniform and differ by seed; bad settings are refused with a message. */
+ *   2. Draws at many positions follow the kept distribution.
+ *   3. A draw depends on the row, the settings and the row's key only: not on the order of the candidates,
+ *      nor on extra candidates past the range (the GPU gathers a superset); greedy is the argmax; coupled
+ *      draws of equal rows agree, of close rows mostly; the noise is Gumbel and keyed by seed and position;
+ *      bad settings are refused with a message. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -96,7 +97,8 @@ static int check_fixture(void) {
     return n_cases;
 }
 
-/* Stratified uniforms through the inverse CDF: every token drawn N p_i times, give or take one. */
+/* Draws at N positions follow the kept distribution: every token's count within 5 standard deviations (+2)
+ * of N p, and none outside the kept set. */
 static void check_draw_frequencies(void) {
     enum { V = 200, N = 20000 };
     static float row[V];
@@ -106,7 +108,7 @@ static void check_draw_frequencies(void) {
     static int count[V];
     uint64_t st = 99;
     for (int i = 0; i < V; i++) row[i] = (float)(4 * (fm_rng_uniform(&st) - 0.5));
-    const fm_sampling settings[] = {{1.0f, 0, 1, 0, 0}, {0.7f, 20, 0.9f, 0, 0}, {1.5f, 0, 0.8f, 0.05f, 0}};
+    const fm_sampling settings[] = {{1.0f, 0, 1, 0, 5}, {0.7f, 20, 0.9f, 0, 6}, {1.5f, 0, 0.8f, 0.05f, 7}};
     for (int k = 0; k < 3; k++) {
         const fm_sampling *s = &settings[k];
         int n = 0;
@@ -116,16 +118,16 @@ static void check_draw_frequencies(void) {
         memset(count, 0, sizeof count);
         for (int i = 0; i < N; i++) {
             memcpy(work, cand, sizeof cand);
-            count[fm_sample_pick(work, nc, s, (i + 0.5) / N)]++;
+            count[fm_sample_pick(work, nc, s, fm_sample_row_key(s->seed, i))]++;
         }
-        int worst = 0, drawn = 0;
+        int bad = 0, drawn = 0;
         for (int i = 0; i < n; i++) {
-            const int d = abs(count[ids[i]] - (int)lround(N * p[i]));
-            worst = d > worst ? d : worst;
+            const double mean = N * p[i], sd = sqrt(N * p[i] * (1 - p[i]));
+            bad += fabs(count[ids[i]] - mean) > 5 * sd + 2;
             drawn += count[ids[i]];
         }
         CHECK_MSG(drawn == N, "setting %d: %d of %d draws outside the kept tokens", k, N - drawn, N);
-        CHECK_MSG(worst <= 1, "setting %d: a token's draws are %d away from N p", k, worst);
+        CHECK_MSG(bad == 0, "setting %d: %d tokens drawn far from N p", k, bad);
         CHECK_MSG(n > 1 && (k == 0 || n < V), "setting %d keeps %d tokens", k, n);
     }
 }
@@ -141,7 +143,7 @@ static void check_invariance(void) {
     const int nc = fm_sample_gather(row, V, s.temperature, cand);
     int same_order = 0, same_extra = 0;
     for (int t = 0; t < 200; t++) {
-        const double u = fm_rng_uniform(&st);
+        const uint64_t u = fm_splitmix64(&st); /* a row key */
         memcpy(work, cand, sizeof cand);
         const int32_t want = fm_sample_pick(work, nc, &s, u);
         /* Shuffled. */
@@ -181,19 +183,60 @@ static void check_invariance(void) {
     CHECK_MSG(others > 10, "only %d of 100 warm draws left the argmax (p about 0.3 each)", others);
 }
 
-static void check_uniforms(void) {
-    double sum = 0, lo = 1, hi = 0;
-    int differ = 0;
-    for (int pos = 0; pos < 100000; pos++) {
-        const double u = fm_sample_uniform(42, pos);
-        sum += u;
-        lo = fmin(lo, u), hi = fmax(hi, u);
-        differ += u != fm_sample_uniform(43, pos);
+/* Total variation distance between softmax(a) and softmax(b). */
+static double tv_distance(const float *a, const float *b, int n) {
+    double ma = a[0], mb = b[0], sa = 0, sb = 0, tv = 0;
+    for (int i = 1; i < n; i++) ma = fmax(ma, a[i]), mb = fmax(mb, b[i]);
+    for (int i = 0; i < n; i++) sa += exp(a[i] - ma), sb += exp(b[i] - mb);
+    for (int i = 0; i < n; i++) tv += fabs(exp(a[i] - ma) / sa - exp(b[i] - mb) / sb);
+    return tv / 2;
+}
+
+/* Coupled draws (sample_noise.h): a drafter row equal to the target's draws what the target draws every
+ * time; for others the agreement lies between the Gumbel coupling's (1 - TV) / (1 + TV) and the most any
+ * coupling can reach, 1 - TV, and for a close row far above the target's probability of the row's argmax
+ * (what an argmax draft gets). */
+static void check_coupling(void) {
+    enum { V = 300, N = 4000 };
+    static float p_row[V], q_row[V], z_row[V];
+    static fm_candidate cand[V];
+    uint64_t st = 5;
+    for (int i = 0; i < V; i++) p_row[i] = (float)(3 * (fm_rng_uniform(&st) - 0.5));
+    for (int i = 0; i < V; i++) q_row[i] = p_row[i] + (float)(0.4 * (fm_rng_uniform(&st) - 0.5));
+    for (int i = 0; i < V; i++) z_row[i] = (float)(8 * (fm_rng_uniform(&st) - 0.5)); /* unrelated */
+    const fm_sampling s = {1.0f, 0, 1, 0, 11};
+    int same = 0, close = 0, unrelated = 0, argmax = 0;
+    const int32_t q_top = fm_sample_row(q_row, V, &(fm_sampling){0}, 0, NULL);
+    for (int pos = 0; pos < N; pos++) {
+        const int32_t t = fm_sample_row(p_row, V, &s, pos, cand);
+        same += fm_sample_row(p_row, V, &s, pos, cand) == t;
+        close += fm_sample_row(q_row, V, &s, pos, cand) == t;
+        unrelated += fm_sample_row(z_row, V, &s, pos, cand) == t;
+        argmax += q_top == t;
     }
-    CHECK_NEAR(sum / 100000, 0.5, 0.005);
-    CHECK(lo >= 0 && lo < 0.001 && hi < 1 && hi > 0.999);
-    CHECK(differ == 100000);
-    CHECK(fm_sample_uniform(42, 17) == fm_sample_uniform(42, 17));
+    const double tv_q = tv_distance(p_row, q_row, V), tv_z = tv_distance(p_row, z_row, V);
+    printf("coupled draws agreeing with the target's (of %d): same row %d; close row %d (TV %.3f: bounds "
+           "%.0f .. "
+           "%.0f); unrelated row %d (TV %.3f: bounds %.0f .. %.0f); the close row's argmax %d\n",
+           N, same, close, tv_q, N * (1 - tv_q) / (1 + tv_q), N * (1 - tv_q), unrelated, tv_z,
+           N * (1 - tv_z) / (1 + tv_z), N * (1 - tv_z), argmax);
+    CHECK(same == N);
+    const double slack = 4 * sqrt(N * 0.25); /* four standard deviations of a count */
+    CHECK(close >= N * (1 - tv_q) / (1 + tv_q) - slack && close <= N * (1 - tv_q) + slack);
+    CHECK(unrelated >= N * (1 - tv_z) / (1 + tv_z) - slack && unrelated <= N * (1 - tv_z) + slack);
+    CHECK_MSG(close > 5 * argmax, "close %d, argmax %d", close, argmax);
+}
+
+/* The noise: Gumbel scores of a flat row average the Euler-Mascheroni constant; keys differ by seed and by
+ * position, and are repeatable. */
+static void check_noise(void) {
+    double sum = 0;
+    for (int id = 0; id < 100000; id++) sum += fm_sample_score(0, 0, 1.0, fm_sample_row_key(42, 7), id);
+    CHECK_NEAR(sum / 100000, 0.5772, 0.02);
+    CHECK(fm_sample_row_key(42, 7) != fm_sample_row_key(43, 7));
+    CHECK(fm_sample_row_key(42, 7) != fm_sample_row_key(42, 8));
+    CHECK(fm_sample_score(1.5f, 2, 0.7, fm_sample_row_key(42, 7), 9) ==
+          fm_sample_score(1.5f, 2, 0.7, fm_sample_row_key(42, 7), 9));
 }
 
 static void check_settings(void) {
@@ -221,7 +264,8 @@ int main(void) {
     CHECK_MSG(n >= 60, "only %d fixture cases", n);
     check_draw_frequencies();
     check_invariance();
-    check_uniforms();
+    check_coupling();
+    check_noise();
     check_settings();
     return fm_test_report("test_sampler");
 }

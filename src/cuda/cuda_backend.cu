@@ -82,14 +82,13 @@ struct fm_cuda_backend {
     int *h_pos;
     int last_logit_rows, last_rows;
     /* sampling (decode/sampler.h, cuda_sample.cuh): greedy until set_sampling says otherwise; only each
-     * row's candidates come back, and the host draws (with the CPU backend's code, or by walking the chunk
-     * the GPU located) */
+     * row's candidates or its draw come back, and the host draws from candidates with the CPU's code */
     fm_sampling sampling;
-    void *d_res, *h_res; /* what comes back, one copy: the three arrays below, on the device and pinned */
+    void *d_res, *h_res; /* what comes back, one copy: the four arrays below, on the device and pinned */
     int *d_cnt, *h_cnt;  /* [rows_cap] */
-    unsigned long long *d_aux, *h_aux; /* [rows_cap][2] */
-    fmc_candidate *d_cand, *h_cand;    /* [rows_cap][SAMPLE_CAP] */
-    double *d_u, *h_u;                 /* [rows_cap] */
+    unsigned long long *d_mass, *h_mass; /* [rows_cap] */
+    unsigned long long *d_pick, *h_pick; /* [rows_cap] */
+    fmc_candidate *d_cand, *h_cand;      /* [rows_cap][SAMPLE_CAP] */
     fmc_sample_scratch sscr;
     fm_candidate *cand; /* [vocab] */
     float *h_row;       /* [vocab]: a row with more than SAMPLE_CAP candidates */
@@ -467,7 +466,6 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     if (b->h_am) cudaFreeHost(b->h_am);
     if (b->h_pos) cudaFreeHost(b->h_pos);
     if (b->h_res) cudaFreeHost(b->h_res);
-    if (b->h_u) cudaFreeHost(b->h_u);
     free(b->cand);
     free(b->h_row);
     if (b->st) cudaStreamDestroy(b->st);
@@ -669,58 +667,49 @@ static int cu_pos(void *ctx) {
     return ((fm_cuda_backend *)ctx)->pos;
 }
 
-/* The drawn tokens of the forward's logit rows 0..rows-1 (positions pos0 ..). With top-k or top-p the GPU
- * returns a superset of what the filters keep (one more temperature of range, whole tiers) and the host
- * draws from it with the CPU's code (top-p given the row's whole mass); a row with more candidates than
- * SAMPLE_CAP is read whole. Otherwise the GPU located the 1024-id chunk the draw falls in, and the host
- * walks it in id order with the GPU's own fixed-point masses, which sum to that chunk's exactly. */
-static int sample_rows(fm_cuda_backend *b, int rows, int pos0, int32_t *out, char *err, size_t errlen) {
+/* The drawn tokens of rows 0..rows-1 of logits (positions pos0 .., am their packed argmax): the target's
+ * rows, or the drafter's slots (coupled drafts). With top-k or top-p the GPU returns a superset of what the
+ * filters keep (one more temperature of range, whole tiers) and the host draws from it with the CPU's code
+ * (top-p given the row's whole mass); a row with more candidates than SAMPLE_CAP is read whole. Otherwise the
+ * GPU draws (the host's very scores) and only the token comes back. */
+static int sample_rows(fm_cuda_backend *b, const float *logits, const unsigned long long *am, int rows,
+                       int pos0, int32_t *out, char *err, size_t errlen) {
     const fm_sampling *sp = &b->sampling;
-    const int chunk_draw = sp->top_k == 0 && !fm_sampling_top_p_on(sp);
-    fmc_sample_args a = {(FM_SAMPLE_RANGE + 1) * sp->temperature, 1.0f / sp->temperature, sp->top_k,
-                         fm_sampling_top_p_on(sp) ? sp->top_p : 1, b->d_u};
-    if (chunk_draw) /* no host filter follows: the candidates are the sampler's own, min-p included */
-        a.range =
-            sp->temperature * (sp->min_p > 0 ? fminf(FM_SAMPLE_RANGE, -logf(sp->min_p)) : FM_SAMPLE_RANGE);
-    for (int r = 0; r < rows; r++) b->h_u[r] = fm_sample_uniform(sp->seed, pos0 + r);
-    CK(cudaMemcpyAsync(b->d_u, b->h_u, (size_t)rows * sizeof *b->h_u, cudaMemcpyHostToDevice, b->st));
-    fmc_sample_gather(b->logits, rows, b->vocab, b->d_am, &a, &b->sscr, SAMPLE_CAP, b->d_cnt, b->d_cand,
-                      b->d_aux, b->st);
+    const int draw = sp->top_k == 0 && !fm_sampling_top_p_on(sp);
+    const fmc_sample_args a = {sp->temperature,
+                               (FM_SAMPLE_RANGE + 1) * sp->temperature,
+                               sp->top_k,
+                               fm_sampling_top_p_on(sp) ? sp->top_p : 1,
+                               sp->min_p > 0 ? fmax(log((double)sp->min_p), -(double)FM_SAMPLE_RANGE)
+                                             : -(double)FM_SAMPLE_RANGE,
+                               sp->seed,
+                               pos0};
+    fmc_sample_rows(logits, rows, b->vocab, am, &a, &b->sscr, SAMPLE_CAP, b->d_cnt, b->d_mass, b->d_cand,
+                    b->d_pick, b->st);
     CK(cudaGetLastError());
-    const size_t bytes = (size_t)((char *)(b->d_cand + (size_t)rows * SAMPLE_CAP) - (char *)b->d_res);
+    const size_t bytes = draw ? (size_t)((char *)b->d_cand - (char *)b->d_res)
+                              : (size_t)((char *)(b->d_cand + (size_t)rows * SAMPLE_CAP) - (char *)b->d_res);
     CK(cudaMemcpyAsync(b->h_res, b->d_res, bytes, cudaMemcpyDeviceToHost, b->st));
     CK(cudaStreamSynchronize(b->st));
     for (int r = 0; r < rows; r++) {
-        const fmc_candidate *c = b->h_cand + (size_t)r * SAMPLE_CAP;
-        const unsigned long long total = b->h_aux[2 * r];
-        int nc = b->h_cnt[r];
-        if (chunk_draw) {
-            /* The chunk's candidates by id (they all lie in one chunk); the first whose running mass passes
-             * the target. */
-            int slot[FMC_SAMPLE_CHUNK];
-            const int base = nc > 0 ? c[0].id / FMC_SAMPLE_CHUNK * FMC_SAMPLE_CHUNK : 0;
-            for (int i = 0; i < FMC_SAMPLE_CHUNK; i++) slot[i] = -1;
-            for (int i = 0; i < nc; i++) slot[c[i].id - base] = i;
-            const unsigned long long target = fmc_sample_target(b->h_u[r], total);
-            unsigned long long run = b->h_aux[2 * r + 1];
-            out[r] = 0; /* nc == 0: a row of NaN */
-            for (int k = 0; k < FMC_SAMPLE_CHUNK; k++) {
-                if (slot[k] < 0) continue;
-                out[r] = c[slot[k]].id; /* the last, should the sums round short */
-                if (target < (run += fmc_sample_fixed(c[slot[k]].w))) break;
-            }
+        if (draw) {
+            out[r] = fmc_argmax_index(b->h_pick[r]); /* 0 for a row of NaN */
             continue;
         }
-        double row_mass = sp->top_k == 0 ? (double)total / FMC_SAMPLE_SCALE : 0;
+        const fmc_candidate *c = b->h_cand + (size_t)r * SAMPLE_CAP;
+        double row_mass = sp->top_k == 0 ? (double)b->h_mass[r] / FMC_SAMPLE_SCALE : 0;
+        int nc = b->h_cnt[r];
         if (nc > SAMPLE_CAP) {
-            CK(cudaMemcpy(b->h_row, b->logits + (size_t)r * b->vocab, (size_t)b->vocab * 4,
+            CK(cudaMemcpy(b->h_row, logits + (size_t)r * b->vocab, (size_t)b->vocab * 4,
                           cudaMemcpyDeviceToHost));
             nc = fm_sample_gather(b->h_row, b->vocab, sp->temperature, b->cand);
             row_mass = 0; /* the whole row is here: the sampler sums it itself */
         } else {
             for (int i = 0; i < nc; i++) b->cand[i] = fm_candidate{c[i].logit, c[i].id, 0};
         }
-        out[r] = nc > 0 ? fm_sample_pick_total(b->cand, nc, sp, b->h_u[r], row_mass) : 0; /* a row of NaN */
+        out[r] = nc > 0
+                     ? fm_sample_pick_total(b->cand, nc, sp, fm_sample_row_key(sp->seed, pos0 + r), row_mass)
+                     : 0; /* a row of NaN */
     }
     return 0;
 }
@@ -728,21 +717,20 @@ static int sample_rows(fm_cuda_backend *b, int rows, int pos0, int32_t *out, cha
 static int cu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (!fm_sampling_greedy(s) && !b->cand) {
-        const int R = b->rows_cap, chunks = (b->vocab + FMC_SAMPLE_CHUNK - 1) / FMC_SAMPLE_CHUNK;
-        const size_t cnt_bytes = ((size_t)R * sizeof(int) + 15) / 16 * 16, aux_bytes = (size_t)R * 16,
-                     res_bytes = cnt_bytes + aux_bytes + (size_t)R * SAMPLE_CAP * sizeof(fmc_candidate);
+        const int R = b->rows_cap;
+        const size_t cnt_bytes = ((size_t)R * sizeof(int) + 15) / 16 * 16, u64_bytes = (size_t)R * 8,
+                     res_bytes = cnt_bytes + 2 * u64_bytes + (size_t)R * SAMPLE_CAP * sizeof(fmc_candidate);
         DALLOC(b->d_res, res_bytes);
         CK(cudaMallocHost(&b->h_res, res_bytes));
-        b->d_cnt = (int *)b->d_res, b->h_cnt = (int *)b->h_res;
-        b->d_aux = (unsigned long long *)((char *)b->d_res + cnt_bytes);
-        b->h_aux = (unsigned long long *)((char *)b->h_res + cnt_bytes);
-        b->d_cand = (fmc_candidate *)((char *)b->d_res + cnt_bytes + aux_bytes);
-        b->h_cand = (fmc_candidate *)((char *)b->h_res + cnt_bytes + aux_bytes);
-        DALLOC(b->d_u, (size_t)R * sizeof *b->d_u);
+        char *d = (char *)b->d_res, *h = (char *)b->h_res;
+        b->d_cnt = (int *)d, b->h_cnt = (int *)h;
+        b->d_mass = (unsigned long long *)(d + cnt_bytes), b->h_mass = (unsigned long long *)(h + cnt_bytes);
+        b->d_pick = (unsigned long long *)(d + cnt_bytes + u64_bytes);
+        b->h_pick = (unsigned long long *)(h + cnt_bytes + u64_bytes);
+        b->d_cand = (fmc_candidate *)(d + cnt_bytes + 2 * u64_bytes);
+        b->h_cand = (fmc_candidate *)(h + cnt_bytes + 2 * u64_bytes);
         DALLOC(b->sscr.tier_n, (size_t)R * FMC_SAMPLE_TIERS * sizeof *b->sscr.tier_n);
         DALLOC(b->sscr.tier_w, (size_t)R * FMC_SAMPLE_TIERS * sizeof *b->sscr.tier_w);
-        DALLOC(b->sscr.chunk_w, (size_t)R * chunks * sizeof *b->sscr.chunk_w);
-        CK(cudaMallocHost(&b->h_u, (size_t)R * sizeof *b->h_u));
         b->h_row = (float *)malloc((size_t)b->vocab * sizeof *b->h_row);
         b->cand = (fm_candidate *)malloc((size_t)b->vocab * sizeof *b->cand);
         if (!b->h_row || !b->cand) {
@@ -778,7 +766,7 @@ static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *
     b->att_form = att_form_at(b->pos + n);
     if (run_forward(b, n, mode, err, errlen)) return -1;
     if (argmax && !fm_sampling_greedy(&b->sampling)) {
-        if (sample_rows(b, rows, b->pos + n - rows, argmax, err, errlen)) return -1;
+        if (sample_rows(b, b->logits, b->d_am, rows, b->pos + n - rows, argmax, err, errlen)) return -1;
     } else {
         if (argmax) CK(cudaMemcpyAsync(b->h_am, b->d_am, (size_t)rows * 8, cudaMemcpyDeviceToHost, b->st));
         CK(cudaStreamSynchronize(b->st));
@@ -981,6 +969,9 @@ static int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out,
     else
         draft_forward(b, 0, 0);
     CK(cudaGetLastError());
+    /* Sampling: each slot drawn as the target will draw the row it is checked against (coupled drafts). */
+    if (!fm_sampling_greedy(&b->sampling))
+        return sample_rows(b, b->dlogits, b->dam, n_out, pos, out, err, errlen);
     CK(cudaMemcpyAsync(b->h_am, b->dam, (size_t)b->d_rows * 8, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
     for (int k = 0; k < n_out; k++) out[k] = fmc_argmax_index(b->h_am[k]);

@@ -124,8 +124,16 @@ static int cpu_commit_features(void *ctx, int n, int start, char *err, size_t er
 static int cpu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *err, size_t errlen) {
     fm_cpu_backend *b = ctx;
     if (!b->drafter) return fm_set_error(err, errlen, "no drafter loaded");
-    if (flush(b, err, errlen)) return -1;
-    return fm_drafter_draft(b->drafter, b->pool, anchor, pos, n_out, out, err, errlen);
+    if (flush(b, err, errlen) || fm_drafter_draft(b->drafter, b->pool, anchor, pos, n_out, out, err, errlen))
+        return -1;
+    if (!fm_sampling_greedy(&b->sampling)) {
+        /* Each slot drawn as the target will draw the row it is checked against (coupled drafts). */
+        const float *logits = fm_drafter_last_logits(b->drafter);
+        const int vocab = b->model->hp.vocab;
+        for (int k = 0; k < n_out; k++)
+            out[k] = fm_sample_row(logits + (size_t)k * vocab, vocab, &b->sampling, pos + k, b->candidates);
+    }
+    return 0;
 }
 
 static void cpu_reset(void *ctx) {

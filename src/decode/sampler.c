@@ -24,13 +24,6 @@ int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen) {
     return 0;
 }
 
-double fm_sample_uniform(uint64_t seed, int pos) {
-    /* A counter-based draw: the position picks the stream, so no state passes between rows or rounds. */
-    uint64_t st = seed ^ ((uint64_t)(uint32_t)pos * 0xd1b54a32d192ed03ull);
-    (void)fm_splitmix64(&st);
-    return fm_rng_uniform(&st);
-}
-
 int fm_sample_gather(const float *row, int vocab, float temperature, fm_candidate *out) {
     const float cut = row[fm_argmax(row, vocab)] - FM_SAMPLE_RANGE * temperature;
     int n = 0;
@@ -161,30 +154,34 @@ static int filter(fm_candidate *c, int n, const fm_sampling *s, double row_mass)
     if (fm_sampling_top_p_on(s))
         n = nucleus(c, n, m, (FM_SAMPLE_RANGE + 1) * t, (double)s->top_p * (row_mass > 0 ? row_mass : sum));
     if (s->min_p > 0) {
-        /* The most likely token's w is exp(0) = 1 and it is never filtered out. */
+        /* w >= min_p x the most likely token's exp(0) = 1, as a comparison of logits (what a GPU kernel
+         * computes bit for bit; it never drops the most likely token). */
+        const double floor_d = log((double)s->min_p);
         kept = 0;
         for (int i = 0; i < n; i++)
-            if (c[i].w >= (double)s->min_p) c[kept++] = c[i];
+            if (((double)c[i].logit - m) / t >= floor_d) c[kept++] = c[i];
         n = kept;
     }
     return n;
 }
 
-int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, double u) {
-    return fm_sample_pick_total(c, n, s, u, 0);
+int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, uint64_t key) {
+    return fm_sample_pick_total(c, n, s, key, 0);
 }
 
-int32_t fm_sample_pick_total(fm_candidate *c, int n, const fm_sampling *s, double u, double row_mass) {
+int32_t fm_sample_pick_total(fm_candidate *c, int n, const fm_sampling *s, uint64_t key, double row_mass) {
+    float m = c[0].logit;
+    for (int i = 1; i < n; i++)
+        if (c[i].logit > m) m = c[i].logit;
     n = filter(c, n, s, row_mass);
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += c[i].w;
-    const double target = u * sum;
-    double run = 0;
-    for (int i = 0; i < n; i++) {
-        run += c[i].w;
-        if (target < run) return c[i].id;
+    /* Gumbel-max over the kept tokens (sample_noise.h). */
+    int32_t best = c[0].id;
+    float best_score = fm_sample_score(c[0].logit, m, s->temperature, key, c[0].id);
+    for (int i = 1; i < n; i++) {
+        const float sc = fm_sample_score(c[i].logit, m, s->temperature, key, c[i].id);
+        if (sc > best_score || (sc == best_score && c[i].id < best)) best = c[i].id, best_score = sc;
     }
-    return c[n - 1].id; /* u * sum rounded up to the total */
+    return best;
 }
 
 int fm_sample_distribution(fm_candidate *c, int n, const fm_sampling *s, int32_t *ids, double *p,
@@ -201,5 +198,5 @@ int32_t fm_sample_row(const float *row, int vocab, const fm_sampling *s, int pos
     if (fm_sampling_greedy(s)) return (int32_t)fm_argmax(row, vocab);
     const int n = fm_sample_gather(row, vocab, s->temperature, scratch);
     if (n == 0) return (int32_t)fm_argmax(row, vocab); /* a row of NaN */
-    return fm_sample_pick(scratch, n, s, fm_sample_uniform(s->seed, pos));
+    return fm_sample_pick(scratch, n, s, fm_sample_row_key(s->seed, pos));
 }

@@ -1,7 +1,8 @@
-/* sampler.h: the token a row of logits chooses under fm_sampling (flashmap.h): the argmax, or a draw made
- * with a uniform number that depends only on the seed and the row's position. Both backends call it on rows
- * that are the same bits whether a plain step or a verify block computed them, so a round's rows choose
- * what plain steps would have chosen, and speculative output stays plain output.
+/* sampler.h: the token a row of logits chooses under fm_sampling (flashmap.h): the argmax, or a draw whose
+ * random numbers depend only on the seed, the row's position and the token (sample_noise.h). Both backends
+ * call it on rows that are the same bits whether a plain step or a verify block computed them, so a round's
+ * rows choose what plain steps would have chosen, and speculative output stays plain output. The drafters
+ * draw their slots the same way (coupled drafts).
  *
  * A draw works on candidates: (logit, id) pairs holding at least every token within FM_SAMPLE_RANGE x
  * temperature of the row's largest logit (a backend may gather them on its own device); the rest are never
@@ -12,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "decode/sample_noise.h"
 #include "flashmap.h"
 
 #ifdef __cplusplus
@@ -38,18 +40,15 @@ static inline int fm_sampling_top_p_on(const fm_sampling *s) {
 /* 0, or -1 with one line naming the setting that is out of range. */
 int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen);
 
-/* The uniform number in [0, 1) of the row at position pos (the draw of the token at pos + 1). */
-double fm_sample_uniform(uint64_t seed, int pos);
-
 /* The candidates of a row (see above) into out[] (room for vocab); returns how many. */
 int fm_sample_gather(const float *row, int vocab, float temperature, fm_candidate *out);
 
-/* The token drawn from n >= 1 candidates (reordered in place) with uniform u. */
-int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, double u);
+/* The token drawn from n >= 1 candidates (reordered in place) with the row's key (fm_sample_row_key). */
+int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, uint64_t key);
 
 /* fm_sample_pick when c holds only the top of the row (a GPU's gather for top-p): row_mass is the whole
  * row's sum of exp((logit - max) / T), of which top-p keeps a share; row_mass <= 0: c is the whole row. */
-int32_t fm_sample_pick_total(fm_candidate *c, int n, const fm_sampling *s, double u, double row_mass);
+int32_t fm_sample_pick_total(fm_candidate *c, int n, const fm_sampling *s, uint64_t key, double row_mass);
 
 /* The token of a row at position pos: argmax (ties to the lowest id) when greedy, else a draw; scratch
  * has room for vocab candidates (unused when greedy). */
