@@ -137,10 +137,10 @@ typedef struct {
 /* Sampling. Off by default (temperature 0: greedy, the argmax of each row). Otherwise as Hugging Face
  * transformers samples: logits / temperature, then top-k, then top-p, then min-p, then a draw from what is
  * left; tokens less likely than e^-30 times the most likely one are never drawn. The token after position i
- * is drawn with a uniform number made from (seed, i) alone, and a round accepts a draft when it equals the
- * token the target draws at that row, so speculative decoding gives the very text plain decoding gives for
- * the same seed (its acceptance is the probability the target gives the draft, as in speculative sampling
- * with a deterministic drafter). */
+ * is drawn with random numbers made from (seed, i, token) alone, and a round accepts a draft when it equals
+ * the token the target draws at that row, so speculative decoding gives the very text plain decoding gives
+ * for the same seed. The drafter draws each slot with the same numbers as the row it will be checked
+ * against, so where its distribution agrees with the target's the two draws agree. */
 typedef struct {
     float temperature; /* <= 0: greedy */
     int top_k;         /* 0: no limit */

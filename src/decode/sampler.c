@@ -8,7 +8,6 @@
 #include <stdlib.h>
 
 #include "core/error.h"
-#include "core/rng.h"
 #include "cpu/ops.h"
 
 int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen) {
@@ -109,9 +108,9 @@ static int nucleus(fm_candidate *c, int n, float m, double width, double limit) 
     return g;
 }
 
-/* Applies the filters to c[0..n); returns how many remain at its front, w set, in the order a draw walks
- * them: by descending logit after top-p, else by id. Candidates may come in any order (the GPU gathers
- * them in any): every sum runs in one of those two orders, so the result depends on the set alone. */
+/* Applies the filters to c[0..n); returns how many remain at its front, w set. Candidates may come in any
+ * order (the GPU gathers them in any): every sum runs in id order, or by descending logit within top-p's
+ * crossing tier, so the kept set depends on the candidate set alone. */
 static int filter(fm_candidate *c, int n, const fm_sampling *s, double row_mass) {
     float m = c[0].logit;
     for (int i = 1; i < n; i++)

@@ -55,7 +55,7 @@ int32_t fm_sample_pick_total(fm_candidate *c, int n, const fm_sampling *s, uint6
 int32_t fm_sample_row(const float *row, int vocab, const fm_sampling *s, int pos, fm_candidate *scratch);
 
 /* The probabilities the draw uses, for tests: after fm_sample_pick's filters, ids[0..*n) with p[0..*n)
- * summing to 1, in the order the draw walks them. Returns 0. */
+ * summing to 1. Returns 0. */
 int fm_sample_distribution(fm_candidate *c, int n, const fm_sampling *s, int32_t *ids, double *p, int *n_out);
 
 #ifdef __cplusplus
