@@ -63,5 +63,19 @@ print(f"speculative rounds  : {s['rounds']}, mean accepted drafts {s['mean_accep
 sys.exit(0 if same else 1)
 PY
 echo
+echo "== sampled (temperature 0.7, top-k 20, top-p 0.8, seed 7): the drafter changes the speed, not the text"
+$fm generate -m "$target" -p "$prompt" --chat --no-think -n 48 -t "$threads" --no-spec --json \
+    --temp 0.7 --top-k 20 --top-p 0.8 --seed 7 >/tmp/fm-demo-plain-s.json
+$fm generate -m "$target" -d "$drafter" -p "$prompt" --chat --no-think -n 48 -t "$threads" --json \
+    --temp 0.7 --top-k 20 --top-p 0.8 --seed 7 >/tmp/fm-demo-spec-s.json
+python3 - /tmp/fm-demo-plain-s.json /tmp/fm-demo-spec-s.json <<'PY'
+import json, sys
+plain, spec = (json.load(open(p)) for p in sys.argv[1:3])
+print("plain, sampled      :", repr(plain["text"][:160]))
+same = plain["tokens"] == spec["tokens"]
+print("speculative, sampled: identical token ids:", "YES" if same else "NO (a bug: please report it)")
+sys.exit(0 if same else 1)
+PY
+echo
 echo "== speed at SIMULATED acceptance (drafts replaced by the known continuation; same verify/accept code)"
 $fm bench -m "$target" -d "$drafter" -t "$threads" --reps 3 --long-reps 1 --prefill 128 --gen 48

@@ -84,9 +84,8 @@ struct fm_cuda_backend {
     /* sampling (decode/sampler.h, cuda_sample.cuh): greedy until set_sampling says otherwise; only each
      * row's candidates or its draw come back, and the host draws from candidates with the CPU's code */
     fm_sampling sampling;
-    void *d_res, *h_res; /* what comes back, one copy: the four arrays below, on the device and pinned */
+    void *d_res, *h_res; /* what comes back, one copy: the three arrays below, on the device and pinned */
     int *d_cnt, *h_cnt;  /* [rows_cap] */
-    unsigned long long *d_mass, *h_mass; /* [rows_cap] */
     unsigned long long *d_pick, *h_pick; /* [rows_cap] */
     fmc_candidate *d_cand, *h_cand;      /* [rows_cap][SAMPLE_CAP] */
     fmc_sample_scratch sscr;
@@ -668,14 +667,14 @@ static int cu_pos(void *ctx) {
 }
 
 /* The drawn tokens of rows 0..rows-1 of logits (positions pos0 .., am their packed argmax): the target's
- * rows, or the drafter's slots (coupled drafts). With top-k or top-p the GPU returns a superset of what the
- * filters keep (one more temperature of range, whole tiers) and the host draws from it with the CPU's code
- * (top-p given the row's whole mass); a row with more candidates than SAMPLE_CAP is read whole. Otherwise the
- * GPU draws (the host's very scores) and only the token comes back. */
+ * rows, or the drafter's slots (coupled drafts). With top-k the GPU returns a superset of what the filters
+ * keep (one more temperature of range, whole tiers) and the host draws from it with the CPU's code; a row
+ * with more candidates than SAMPLE_CAP is read whole. Otherwise the GPU draws (the host's very scores) and
+ * only the token comes back, unless top-p's cut was beyond its reach (then the row is read whole). */
 static int sample_rows(fm_cuda_backend *b, const float *logits, const unsigned long long *am, int rows,
                        int pos0, int32_t *out, char *err, size_t errlen) {
     const fm_sampling *sp = &b->sampling;
-    const int draw = sp->top_k == 0 && !fm_sampling_top_p_on(sp);
+    const int draw = sp->top_k == 0; /* temperature alone, or with top-p and / or min-p: the GPU draws */
     const fmc_sample_args a = {sp->temperature,
                                (FM_SAMPLE_RANGE + 1) * sp->temperature,
                                sp->top_k,
@@ -684,32 +683,30 @@ static int sample_rows(fm_cuda_backend *b, const float *logits, const unsigned l
                                              : -(double)FM_SAMPLE_RANGE,
                                sp->seed,
                                pos0};
-    fmc_sample_rows(logits, rows, b->vocab, am, &a, &b->sscr, SAMPLE_CAP, b->d_cnt, b->d_mass, b->d_cand,
-                    b->d_pick, b->st);
+    fmc_sample_rows(logits, rows, b->vocab, am, &a, &b->sscr, SAMPLE_CAP, b->d_cnt, b->d_cand, b->d_pick,
+                    b->st);
     CK(cudaGetLastError());
     const size_t bytes = draw ? (size_t)((char *)b->d_cand - (char *)b->d_res)
                               : (size_t)((char *)(b->d_cand + (size_t)rows * SAMPLE_CAP) - (char *)b->d_res);
     CK(cudaMemcpyAsync(b->h_res, b->d_res, bytes, cudaMemcpyDeviceToHost, b->st));
     CK(cudaStreamSynchronize(b->st));
     for (int r = 0; r < rows; r++) {
-        if (draw) {
+        if (draw && b->h_cnt[r] >= 0) {
             out[r] = fmc_argmax_index(b->h_pick[r]); /* 0 for a row of NaN */
             continue;
         }
         const fmc_candidate *c = b->h_cand + (size_t)r * SAMPLE_CAP;
-        double row_mass = sp->top_k == 0 ? (double)b->h_mass[r] / FMC_SAMPLE_SCALE : 0;
         int nc = b->h_cnt[r];
-        if (nc > SAMPLE_CAP) {
+        if (nc > SAMPLE_CAP ||
+            nc < 0) { /* more candidates than came back; top-p's cut beyond the GPU's reach */
             CK(cudaMemcpy(b->h_row, logits + (size_t)r * b->vocab, (size_t)b->vocab * 4,
                           cudaMemcpyDeviceToHost));
             nc = fm_sample_gather(b->h_row, b->vocab, sp->temperature, b->cand);
-            row_mass = 0; /* the whole row is here: the sampler sums it itself */
         } else {
             for (int i = 0; i < nc; i++) b->cand[i] = fm_candidate{c[i].logit, c[i].id, 0};
         }
-        out[r] = nc > 0
-                     ? fm_sample_pick_total(b->cand, nc, sp, fm_sample_row_key(sp->seed, pos0 + r), row_mass)
-                     : 0; /* a row of NaN */
+        out[r] = nc > 0 ? fm_sample_pick(b->cand, nc, sp, fm_sample_row_key(sp->seed, pos0 + r))
+                        : 0; /* a row of NaN */
     }
     return 0;
 }
@@ -719,18 +716,17 @@ static int cu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t er
     if (!fm_sampling_greedy(s) && !b->cand) {
         const int R = b->rows_cap;
         const size_t cnt_bytes = ((size_t)R * sizeof(int) + 15) / 16 * 16, u64_bytes = (size_t)R * 8,
-                     res_bytes = cnt_bytes + 2 * u64_bytes + (size_t)R * SAMPLE_CAP * sizeof(fmc_candidate);
+                     res_bytes = cnt_bytes + u64_bytes + (size_t)R * SAMPLE_CAP * sizeof(fmc_candidate);
         DALLOC(b->d_res, res_bytes);
         CK(cudaMallocHost(&b->h_res, res_bytes));
         char *d = (char *)b->d_res, *h = (char *)b->h_res;
         b->d_cnt = (int *)d, b->h_cnt = (int *)h;
-        b->d_mass = (unsigned long long *)(d + cnt_bytes), b->h_mass = (unsigned long long *)(h + cnt_bytes);
-        b->d_pick = (unsigned long long *)(d + cnt_bytes + u64_bytes);
-        b->h_pick = (unsigned long long *)(h + cnt_bytes + u64_bytes);
-        b->d_cand = (fmc_candidate *)(d + cnt_bytes + 2 * u64_bytes);
-        b->h_cand = (fmc_candidate *)(h + cnt_bytes + 2 * u64_bytes);
+        b->d_pick = (unsigned long long *)(d + cnt_bytes), b->h_pick = (unsigned long long *)(h + cnt_bytes);
+        b->d_cand = (fmc_candidate *)(d + cnt_bytes + u64_bytes);
+        b->h_cand = (fmc_candidate *)(h + cnt_bytes + u64_bytes);
         DALLOC(b->sscr.tier_n, (size_t)R * FMC_SAMPLE_TIERS * sizeof *b->sscr.tier_n);
         DALLOC(b->sscr.tier_w, (size_t)R * FMC_SAMPLE_TIERS * sizeof *b->sscr.tier_w);
+        DALLOC(b->sscr.cut, (size_t)R * sizeof *b->sscr.cut);
         b->h_row = (float *)malloc((size_t)b->vocab * sizeof *b->h_row);
         b->cand = (fm_candidate *)malloc((size_t)b->vocab * sizeof *b->cand);
         if (!b->h_row || !b->cand) {

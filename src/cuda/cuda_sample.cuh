@@ -1,12 +1,13 @@
 /* cuda_sample.cuh: what the GPU does for sampling (decode/sampler.h): it never sends a whole row of 151,936
- * logits back, only each row's candidates, or its draw:
- *   top-k      the top logit tiers that hold k tokens (a superset of the k largest and their ties);
- *   top-p      (no top-k) the top logit tiers that hold top_p of the mass, and one tier more;
- *   neither    the draw itself: the Gumbel-max of decode/sample_noise.h over the row's tokens within range
- *              (narrowed by min-p), the same scores the host would compute, so only the token comes back.
- * Tier masses are fixed point (w = exp((logit - max) / T) x 2^44, rounded): integer sums do not depend on the
- * order atomics run in, so a row gives the same candidates in a step and in a verify block. Tiers slice
- * [max - range, max] into FMC_SAMPLE_TIERS equal parts; tokens below it are never candidates. */
+ * logits back, only each row's candidates, or its draw: *   top-k      the top logit tiers that hold k tokens
+ * (a superset of the k largest and their ties), and the host filters and draws; top-p      (no top-k) the
+ * draw itself, over the tokens up to top-p's cut, which one block a row finds in the tier the cut falls in (a
+ * row whose cut sub-tier holds more than 4096 tokens: count -1, and the host reads it whole); neither    the
+ * draw itself: the Gumbel-max of decode/sample_noise.h over the row's tokens within range (narrowed by
+ * min-p), the same scores the host would compute, so only the token comes back. Tier masses are fixed point
+ * (w = exp((logit - max) / T) x 2^44, rounded): integer sums do not depend on the order atomics run in, so a
+ * row gives the same candidates in a step and in a verify block. Tiers slice [max - range, max] into
+ * FMC_SAMPLE_TIERS equal parts; tokens below it are never candidates. */
 #ifndef FM_CUDA_SAMPLE_CUH
 #define FM_CUDA_SAMPLE_CUH
 
@@ -35,14 +36,15 @@ typedef struct {
 typedef struct {
     int *tier_n;                /* [T][FMC_SAMPLE_TIERS] */
     unsigned long long *tier_w; /* [T][FMC_SAMPLE_TIERS] */
+    fmc_candidate *cut;         /* [T]: top-p's last kept token */
 } fmc_sample_scratch;
 
-/* For T rows of x ([T][n], am: fmc_argmax's result for them): with top-k or top-p, their candidates into
- * out[t][0..cap) in any order, count[t] = how many there were (may exceed cap: then read the row whole),
- * mass[t] = the row's fixed-point mass; else the drawn token of row t, packed as fmc_argmax packs, into
- * pick[t] (fmc_argmax_index decodes it). */
+/* For T rows of x ([T][n], am: fmc_argmax's result for them): with top-k, their candidates into
+ * out[t][0..cap) in any order, count[t] = how many there were (may exceed cap: then read the row whole); else
+ * the drawn token of row t, packed as fmc_argmax packs, into pick[t] (fmc_argmax_index decodes it), unless
+ * count[t] == -1 (top-p: read the row whole). */
 void fmc_sample_rows(const float *x, int T, int n, const unsigned long long *am, const fmc_sample_args *a,
-                     const fmc_sample_scratch *scr, int cap, int *count, unsigned long long *mass,
-                     fmc_candidate *out, unsigned long long *pick, cudaStream_t s);
+                     const fmc_sample_scratch *scr, int cap, int *count, fmc_candidate *out,
+                     unsigned long long *pick, cudaStream_t s);
 
 #endif

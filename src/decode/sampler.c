@@ -111,7 +111,7 @@ static int nucleus(fm_candidate *c, int n, float m, double width, double limit) 
 /* Applies the filters to c[0..n); returns how many remain at its front, w set. Candidates may come in any
  * order (the GPU gathers them in any): every sum runs in id order, or by descending logit within top-p's
  * crossing tier, so the kept set depends on the candidate set alone. */
-static int filter(fm_candidate *c, int n, const fm_sampling *s, double row_mass) {
+static int filter(fm_candidate *c, int n, const fm_sampling *s) {
     float m = c[0].logit;
     for (int i = 1; i < n; i++)
         if (c[i].logit > m) m = c[i].logit;
@@ -150,8 +150,7 @@ static int filter(fm_candidate *c, int n, const fm_sampling *s, double row_mass)
     for (int i = 0; i < n; i++) sum += c[i].w = exp(((double)c[i].logit - m) / t);
     /* Top-p keeps a token while the mass of those before it is under top_p (HF: its ascending cumulative
      * probability, itself included, exceeds 1 - top_p); the first always stays. */
-    if (fm_sampling_top_p_on(s))
-        n = nucleus(c, n, m, (FM_SAMPLE_RANGE + 1) * t, (double)s->top_p * (row_mass > 0 ? row_mass : sum));
+    if (fm_sampling_top_p_on(s)) n = nucleus(c, n, m, (FM_SAMPLE_RANGE + 1) * t, (double)s->top_p * sum);
     if (s->min_p > 0) {
         /* w >= min_p x the most likely token's exp(0) = 1, as a comparison of logits (what a GPU kernel
          * computes bit for bit; it never drops the most likely token). */
@@ -165,14 +164,10 @@ static int filter(fm_candidate *c, int n, const fm_sampling *s, double row_mass)
 }
 
 int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, uint64_t key) {
-    return fm_sample_pick_total(c, n, s, key, 0);
-}
-
-int32_t fm_sample_pick_total(fm_candidate *c, int n, const fm_sampling *s, uint64_t key, double row_mass) {
     float m = c[0].logit;
     for (int i = 1; i < n; i++)
         if (c[i].logit > m) m = c[i].logit;
-    n = filter(c, n, s, row_mass);
+    n = filter(c, n, s);
     /* Gumbel-max over the kept tokens (sample_noise.h). */
     int32_t best = c[0].id;
     float best_score = fm_sample_score(c[0].logit, m, s->temperature, key, c[0].id);
@@ -185,7 +180,7 @@ int32_t fm_sample_pick_total(fm_candidate *c, int n, const fm_sampling *s, uint6
 
 int fm_sample_distribution(fm_candidate *c, int n, const fm_sampling *s, int32_t *ids, double *p,
                            int *n_out) {
-    n = filter(c, n, s, 0);
+    n = filter(c, n, s);
     double sum = 0;
     for (int i = 0; i < n; i++) sum += c[i].w;
     for (int i = 0; i < n; i++) ids[i] = c[i].id, p[i] = c[i].w / sum;

@@ -46,10 +46,6 @@ int fm_sample_gather(const float *row, int vocab, float temperature, fm_candidat
 /* The token drawn from n >= 1 candidates (reordered in place) with the row's key (fm_sample_row_key). */
 int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, uint64_t key);
 
-/* fm_sample_pick when c holds only the top of the row (a GPU's gather for top-p): row_mass is the whole
- * row's sum of exp((logit - max) / T), of which top-p keeps a share; row_mass <= 0: c is the whole row. */
-int32_t fm_sample_pick_total(fm_candidate *c, int n, const fm_sampling *s, uint64_t key, double row_mass);
-
 /* The token of a row at position pos: argmax (ties to the lowest id) when greedy, else a draw; scratch
  * has room for vocab candidates (unused when greedy). */
 int32_t fm_sample_row(const float *row, int vocab, const fm_sampling *s, int pos, fm_candidate *scratch);
