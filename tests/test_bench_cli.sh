@@ -4,18 +4,7 @@
 # printing llama-bench's JSON shape) the llama.cpp columns are filled from its samples; bad usage exits 2.
 # Timings are never checked: they depend on the machine.
 set -u
-cli="${FM_CLI:?FM_CLI is not set}"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-check() { # check DESCRIPTION COMMAND...
-  if "${@:2}"; then :; else echo "FAIL: $1" >&2; fail=1; fi
-}
-
-"$cli" synth target --preset tiny --layers 4 -q -o "$tmp/t.gguf" || { echo "FAIL: synth target" >&2; exit 1; }
-mkdir -p "$tmp/d"
-"$cli" synth drafter -m "$tmp/t.gguf" -o "$tmp/d/model.safetensors" --dim 64 --layers 2 --heads 4 --ffn 128 \
-  --target-layers 1,2 >/dev/null 2>&1 || { echo "FAIL: synth drafter" >&2; exit 1; }
+source "$(dirname "$0")/cli_pair.sh"
 
 small=(--reps 1 --stream-mib 16 --prompt 16 --gen 24 --prefill 64 -t 2)
 "$cli" bench -m "$tmp/t.gguf" -d "$tmp/d" "${small[@]}" --out "$tmp/report.md" >"$tmp/out.txt" 2>"$tmp/err.txt"

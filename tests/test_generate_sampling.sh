@@ -5,18 +5,7 @@
 # that reproduces it; temperature 0 is the greedy output; bench refuses the options; bad values exit 2
 # with one line naming the option.
 set -u
-cli="${FM_CLI:?FM_CLI is not set}"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-check() { # check DESCRIPTION COMMAND...
-  if "${@:2}"; then :; else echo "FAIL: $1" >&2; fail=1; fi
-}
-
-"$cli" synth target --preset tiny --layers 4 -q -o "$tmp/t.gguf" || { echo "FAIL: synth target" >&2; exit 1; }
-mkdir -p "$tmp/d"
-"$cli" synth drafter -m "$tmp/t.gguf" -o "$tmp/d/model.safetensors" --dim 64 --layers 2 --heads 4 --ffn 128 \
-  --target-layers 1,2 >/dev/null 2>&1 || { echo "FAIL: synth drafter" >&2; exit 1; }
+source "$(dirname "$0")/cli_pair.sh"
 
 gen() { # gen OUT ARGS...: the tokens array of generate --json
   "$cli" generate -m "$tmp/t.gguf" -d "$tmp/d" --prompt-ids 5,6,7,8 -n 48 --ignore-eos -t 2 --json "${@:2}" \

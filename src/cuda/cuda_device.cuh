@@ -182,4 +182,34 @@ __device__ __forceinline__ float quant_block32(const float *v, uint32_t *q) {
     return __half2float(__float2half_rn(d));
 }
 
+/* A (value, index) pair packed so that the larger value wins an unsigned max, then the lower index:
+ * (order-preserving key of v) << 32 | ~i. 0 is below every packed pair (nothing found). */
+__device__ __forceinline__ unsigned long long argmax_pack(float v, int i) {
+    uint32_t u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return (unsigned long long)u << 32 | (0xffffffffu - (uint32_t)i);
+}
+
+/* The value of a packed pair. */
+__device__ __forceinline__ float argmax_value(unsigned long long p) {
+    const uint32_t key = (uint32_t)(p >> 32);
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+/* The block's largest packed pair into *out by atomicMax (out starts at 0). Every thread calls it. */
+__device__ __forceinline__ void block_argmax_to(unsigned long long best, unsigned long long *out) {
+    __shared__ unsigned long long sb[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
+        best = b > best ? b : best;
+    }
+    if ((threadIdx.x & 31) == 0) sb[threadIdx.x >> 5] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) best = sb[w] > best ? sb[w] : best;
+        if (best) atomicMax(out, best);
+    }
+}
+
 #endif

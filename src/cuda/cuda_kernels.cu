@@ -70,18 +70,10 @@ static __device__ float block_max_f(float v) {
 
 /* ---- argmax ---- */
 
-/* Order-preserving key of a float (larger float, larger key) and the lowest index winning ties. */
-__device__ __forceinline__ unsigned long long argmax_pack(float v, int i) {
-    uint32_t u = __float_as_uint(v);
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return (unsigned long long)u << 32 | (0xffffffffu - (uint32_t)i);
-}
-
 enum { ARGMAX_CHUNK = 4096 };
 
 /* grid (ceil(n / ARGMAX_CHUNK), T): each block's best of its chunk, then one atomicMax per block. */
 __global__ void k_argmax(const float *x, int n, unsigned long long *out) {
-    __shared__ unsigned long long sb[32];
     pdl_trigger();
     pdl_wait();
     const int t = blockIdx.y, c0 = blockIdx.x * ARGMAX_CHUNK, c1 = min(n, c0 + ARGMAX_CHUNK);
@@ -94,17 +86,7 @@ __global__ void k_argmax(const float *x, int n, unsigned long long *out) {
             best = p > best ? p : best;
         }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
-        best = b > best ? b : best;
-    }
-    if ((threadIdx.x & 31) == 0) sb[threadIdx.x >> 5] = best;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) best = sb[w] > best ? sb[w] : best;
-        if (best) atomicMax(out + t, best);
-    }
+    block_argmax_to(best, out + t);
 }
 
 void fmc_argmax(const float *x, int T, int n, unsigned long long *out, int pdl, cudaStream_t s) {

@@ -3,22 +3,21 @@
  * those integers; a draw takes one. */
 #include <math.h>
 
+#include "cuda/cuda_device.cuh"
 #include "cuda/cuda_sample.cuh"
 #include "decode/sample_noise.h"
 
 enum { BLOCK_TOKENS = 4096 };
 
-/* The row's largest logit from fmc_argmax's packed (key << 32 | ~index). */
-__device__ __forceinline__ float packed_max(unsigned long long am) {
-    const uint32_t key = (uint32_t)(am >> 32);
-    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-}
-
-/* The same packing: larger score first, then the lower id. */
-__device__ __forceinline__ unsigned long long pack(float v, int i) {
-    uint32_t u = __float_as_uint(v);
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return (unsigned long long)u << 32 | (0xffffffffu - (uint32_t)i);
+/* The first of w[0..n) at which the running sum, from *before, reaches limit (n - 1 if none); *before ends as
+ * the sum ahead of it. */
+__device__ __forceinline__ int crossing(const unsigned long long *w, int n, unsigned long long limit,
+                                        unsigned long long *before) {
+    for (int j = 0; j < n; j++) {
+        if (*before + w[j] >= limit) return j;
+        *before += w[j];
+    }
+    return n - 1;
 }
 
 /* A token's tier (0: the top slice), or FMC_SAMPLE_TIERS below the range; both candidate kernels call it. */
@@ -46,7 +45,7 @@ __global__ void k_sample_stats(const float *x, int n, const unsigned long long *
     const int lane = threadIdx.x & 31;
     for (int j = threadIdx.x; j < FMC_SAMPLE_TIERS; j += blockDim.x) cnt[j] = 0, mass[j] = 0;
     __syncthreads();
-    const float m = packed_max(am[t]), inv_t = 1.0f / a.temperature;
+    const float m = argmax_value(am[t]), inv_t = 1.0f / a.temperature;
     const float *r = x + (size_t)t * n;
     for (int i0 = c0; i0 < c1; i0 += blockDim.x) {
         const int i = i0 + threadIdx.x;
@@ -86,7 +85,7 @@ __global__ void k_sample_gather(const float *x, int n, const unsigned long long 
             last_tier = j;
             break;
         }
-    const float m = packed_max(am[t]);
+    const float m = argmax_value(am[t]);
     const float *r = x + (size_t)t * n;
     const int lane = threadIdx.x & 31;
     for (int i0 = c0; i0 < c1; i0 += blockDim.x) {
@@ -102,6 +101,19 @@ __global__ void k_sample_gather(const float *x, int n, const unsigned long long 
 }
 
 enum { CUT_SUBTIERS = 256, CUT_MAX = 4096, CUT_THREADS = 1024, UNROLL = 8 };
+
+/* fn(v, i) for every logit of a row: one block reads it whole, UNROLL loads in flight a thread (one at a
+ * time, the scan is a chain of latencies). */
+template <typename F> __device__ __forceinline__ void scan_row(const float *r, int n, F fn) {
+    for (int i0 = threadIdx.x; i0 < n; i0 += CUT_THREADS * UNROLL) {
+        float v[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++)
+            v[k] = i0 + k * CUT_THREADS < n ? r[i0 + k * CUT_THREADS] : -INFINITY;
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) fn(v[k], i0 + k * CUT_THREADS);
+    }
+}
 
 /* Larger logit first, then the lower id: the order top-p keeps tokens in (decode/sampler.c). */
 __device__ __forceinline__ bool before_in_order(fmc_candidate x, fmc_candidate y) {
@@ -122,19 +134,12 @@ __global__ void __launch_bounds__(CUT_THREADS)
     __shared__ int sub_cut;
     __shared__ unsigned long long before_sub;
     const int t = blockIdx.x;
-    const float m = packed_max(am[t]), inv_t = 1.0f / a.temperature;
+    const float m = argmax_value(am[t]), inv_t = 1.0f / a.temperature;
     const unsigned long long *tw = scr.tier_w + t * FMC_SAMPLE_TIERS;
     unsigned long long total = 0, before = 0;
     for (int j = 0; j < FMC_SAMPLE_TIERS; j++) total += tw[j];
     const unsigned long long limit = (unsigned long long)((double)a.top_p * (double)total);
-    int tier = FMC_SAMPLE_TIERS - 1;
-    for (int j = 0; j < FMC_SAMPLE_TIERS; j++) {
-        if (before + tw[j] >= limit) {
-            tier = j;
-            break;
-        }
-        before += tw[j];
-    }
+    const int tier = crossing(tw, FMC_SAMPLE_TIERS, limit, &before);
     for (int j = threadIdx.x; j < CUT_SUBTIERS; j += blockDim.x) sub_n[j] = 0, sub_w[j] = 0;
     if (threadIdx.x == 0) n_list = 0;
     __syncthreads();
@@ -145,48 +150,24 @@ __global__ void __launch_bounds__(CUT_THREADS)
         return s < 0 ? 0 : s < CUT_SUBTIERS ? s : CUT_SUBTIERS - 1;
     };
     auto weight = [&](float v) { return __double2ull_rn((double)expf((v - m) * inv_t) * FMC_SAMPLE_SCALE); };
-    /* One block reads the whole row: UNROLL loads in flight a thread, or the scan is a chain of latencies. */
-    for (int i0 = threadIdx.x; i0 < n; i0 += CUT_THREADS * UNROLL) {
-        float v[UNROLL];
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++)
-            v[k] = i0 + k * CUT_THREADS < n ? r[i0 + k * CUT_THREADS] : -INFINITY;
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++) {
-            if (tier_of(v[k], m, a.range) != tier) continue;
-            const int s = sub_of(v[k]);
-            atomicAdd(&sub_n[s], 1);
-            atomicAdd(&sub_w[s], weight(v[k]));
-        }
-    }
+    scan_row(r, n, [&](float v, int) {
+        if (tier_of(v, m, a.range) != tier) return;
+        const int s = sub_of(v);
+        atomicAdd(&sub_n[s], 1);
+        atomicAdd(&sub_w[s], weight(v));
+    });
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int s = CUT_SUBTIERS - 1;
-        for (int j = 0; j < CUT_SUBTIERS; j++) {
-            if (before + sub_w[j] >= limit) {
-                s = j;
-                break;
-            }
-            before += sub_w[j];
-        }
-        sub_cut = s, before_sub = before;
-    }
+    if (threadIdx.x == 0) sub_cut = crossing(sub_w, CUT_SUBTIERS, limit, &before), before_sub = before;
     __syncthreads();
     const int s_cut = sub_cut;
     if (sub_n[s_cut] > CUT_MAX) {
         if (threadIdx.x == 0) count[t] = -1;
         return;
     }
-    for (int i0 = threadIdx.x; i0 < n; i0 += CUT_THREADS * UNROLL) {
-        float v[UNROLL];
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++)
-            v[k] = i0 + k * CUT_THREADS < n ? r[i0 + k * CUT_THREADS] : -INFINITY;
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++)
-            if (tier_of(v[k], m, a.range) == tier && sub_of(v[k]) == s_cut)
-                list[atomicAdd(&n_list, 1)] = fmc_candidate{v[k], i0 + k * CUT_THREADS};
-    }
+    scan_row(r, n, [&](float v, int i) {
+        if (tier_of(v, m, a.range) == tier && sub_of(v) == s_cut)
+            list[atomicAdd(&n_list, 1)] = fmc_candidate{v, i};
+    });
     __syncthreads();
     /* Bitonic sort of the list, padded to a power of two with entries that sort last. */
     const int len = n_list;
@@ -223,9 +204,8 @@ __global__ void __launch_bounds__(CUT_THREADS)
 /* grid (ceil(n / BLOCK_TOKENS), T): the Gumbel-max of each row, as the host's sampler computes it. */
 __global__ void k_sample_draw(const float *x, int n, const unsigned long long *am, fmc_sample_args a,
                               const int *count, const fmc_candidate *cut, unsigned long long *pick) {
-    __shared__ unsigned long long sb[32];
     const int t = blockIdx.y, c0 = blockIdx.x * BLOCK_TOKENS, c1 = min(n, c0 + BLOCK_TOKENS);
-    const float m = packed_max(am[t]);
+    const float m = argmax_value(am[t]);
     const uint64_t key = fm_sample_row_key(a.seed, a.pos0 + t);
     const float *r = x + (size_t)t * n;
     /* With top-p: the tokens up to its cut (by descending logit, ties by id); none when the host takes over.
@@ -238,20 +218,10 @@ __global__ void k_sample_draw(const float *x, int n, const unsigned long long *a
         const float v = r[i];
         if (!(((double)v - m) / a.temperature >= a.floor_d)) continue;
         if (v < last.logit || (v == last.logit && i > last.id)) continue;
-        const unsigned long long p = pack(fm_sample_score(v, m, a.temperature, key, i), i);
+        const unsigned long long p = argmax_pack(fm_sample_score(v, m, a.temperature, key, i), i);
         best = p > best ? p : best;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
-        best = b > best ? b : best;
-    }
-    if ((threadIdx.x & 31) == 0) sb[threadIdx.x >> 5] = best;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) best = sb[w] > best ? sb[w] : best;
-        if (best) atomicMax(pick + t, best);
-    }
+    block_argmax_to(best, pick + t);
 }
 
 void fmc_sample_rows(const float *x, int T, int n, const unsigned long long *am, const fmc_sample_args *a,
