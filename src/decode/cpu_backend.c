@@ -18,8 +18,29 @@ struct fm_cpu_backend {
     float *pending; /* [pending_cap][feature width]: rows not yet in the drafter's context */
     int pending_rows, pending_start, pending_cap;
     fm_sampling sampling;
-    fm_candidate *candidates; /* [vocab], once sampling is on */
+    fm_candidate *candidates; /* [pool workers][vocab], once sampling is on */
 };
+
+typedef struct {
+    const fm_cpu_backend *b;
+    const float *logits;
+    int pos0;
+    int32_t *out;
+} sample_job;
+
+static void sample_task(void *ctx, int64_t begin, int64_t end, int thread) {
+    const sample_job *j = ctx;
+    const int vocab = j->b->model->hp.vocab;
+    fm_candidate *scratch = j->b->candidates + (size_t)thread * vocab;
+    for (int64_t r = begin; r < end; r++)
+        j->out[r] = fm_sample_row(j->logits + r * vocab, vocab, &j->b->sampling, j->pos0 + (int)r, scratch);
+}
+
+/* The draws of rows 0..rows-1 of logits (positions pos0 ..), the rows spread over the pool's workers. */
+static void sample_rows(fm_cpu_backend *b, const float *logits, int rows, int pos0, int32_t *out) {
+    sample_job j = {b, logits, pos0, out};
+    fm_pool_for(b->pool, rows, 1, sample_task, &j);
+}
 
 int fm_cpu_backend_create(const qwen3_model *m, fm_drafter *drafter, fm_pool *pool, int n_ctx, int max_eval,
                           const int *capture, int n_capture, fm_cpu_backend **out, char *err, size_t errlen) {
@@ -55,7 +76,7 @@ static int cpu_pos(void *ctx) {
 static int cpu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err,
                     size_t errlen) {
     fm_cpu_backend *b = ctx;
-    const int pos = qwen3_state_pos(b->state), rows = all_rows ? n : 1, vocab = b->model->hp.vocab;
+    const int pos = qwen3_state_pos(b->state), rows = all_rows ? n : 1;
     const qwen3_out out = !argmax ? QWEN3_OUT_NONE : all_rows ? QWEN3_OUT_ALL_ARGMAX : QWEN3_OUT_LAST_LOGITS;
     if (qwen3_forward(b->model, b->state, b->pool, ids, n, out, err, errlen)) return -1;
     if (!argmax) return 0;
@@ -63,17 +84,15 @@ static int cpu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t 
         memcpy(argmax, qwen3_state_argmax(b->state), (size_t)rows * sizeof *argmax);
         return 0;
     }
-    const float *logits = qwen3_state_logits(b->state);
-    for (int r = 0; r < rows; r++)
-        argmax[r] =
-            fm_sample_row(logits + (size_t)r * vocab, vocab, &b->sampling, pos + n - rows + r, b->candidates);
+    sample_rows(b, qwen3_state_logits(b->state), rows, pos + n - rows, argmax);
     return 0;
 }
 
 static int cpu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t errlen) {
     fm_cpu_backend *b = ctx;
     if (!fm_sampling_greedy(s) && !b->candidates) {
-        b->candidates = malloc((size_t)b->model->hp.vocab * sizeof *b->candidates);
+        const size_t workers = b->pool ? (size_t)fm_pool_size(b->pool) : 1;
+        b->candidates = malloc(workers * b->model->hp.vocab * sizeof *b->candidates);
         if (!b->candidates) return fm_set_error(err, errlen, "out of memory for the sampler");
     }
     b->sampling = *s;
@@ -128,10 +147,7 @@ static int cpu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out
         return -1;
     if (!fm_sampling_greedy(&b->sampling)) {
         /* Each slot drawn as the target will draw the row it is checked against (coupled drafts). */
-        const float *logits = fm_drafter_last_logits(b->drafter);
-        const int vocab = b->model->hp.vocab;
-        for (int k = 0; k < n_out; k++)
-            out[k] = fm_sample_row(logits + (size_t)k * vocab, vocab, &b->sampling, pos + k, b->candidates);
+        sample_rows(b, fm_drafter_last_logits(b->drafter), n_out, pos, out);
     }
     return 0;
 }
