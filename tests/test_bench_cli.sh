@@ -13,10 +13,11 @@ check "bench exits 0 (got $rc; stderr: $(tail -n 2 "$tmp/err.txt"))" test "$rc" 
 for label in "plain step (T=1)" "verify(8) (T=8)" "verify(17) (T=17)" "draft (one drafter forward)" \
   "prefill 64 tokens" "plain decode (24 new tokens)" "SIMULATED acceptance 0 " "SIMULATED acceptance 2 " \
   "SIMULATED acceptance 4 " "SIMULATED acceptance 6.5 " "SIMULATED acceptance 8 " "read bandwidth" \
+  "plain decode, sampled (T 0.7, top-k 20, top-p 0.8)" "SIMULATED acceptance 6.5, sampled" \
   "roofline step"; do
   check "row '$label' printed" grep -qF "$label" "$tmp/out.txt"
 done
-check "five identity checks say OK" test "$(grep -c 'SIMULATED.*output OK' "$tmp/out.txt")" -eq 5
+check "six identity checks say OK" test "$(grep -c 'SIMULATED.*output OK' "$tmp/out.txt")" -eq 6
 check "the draft row names the drafter's weight type" grep -qF "q8_0 weights" "$tmp/out.txt" 
 check "no MISMATCH" test "$(grep -c MISMATCH "$tmp/out.txt")" -eq 0
 check "--out has the machine" grep -q "^- Machine: .*avx2 \(yes\|no\)" "$tmp/report.md"

@@ -14,7 +14,12 @@ struct bench_e2e {
     int n_prompt, n_gen, verify, fallback;
     int32_t *reference; /* [n_reference]: the first plain run's tokens */
     int n_reference;
+    fm_sampling sampling;
 };
+
+void bench_e2e_set_sampling(bench_e2e *b, const fm_sampling *s) {
+    b->sampling = *s;
+}
 
 int bench_e2e_create(fm_engine *e, const int32_t *prompt, int n_prompt, int n_gen, int verify, int fallback,
                      bench_e2e **out, char *err, size_t errlen) {
@@ -77,6 +82,7 @@ static void base_params(const bench_e2e *b, fm_generate_params *p) {
     p->ignore_stop = 1;
     p->verify = b->verify;
     p->fallback = b->fallback;
+    if (b->sampling.temperature > 0) p->sampling = b->sampling;
 }
 
 int bench_e2e_plain(bench_e2e *b, bench_e2e_result *r, char *err, size_t errlen) {

@@ -24,6 +24,9 @@ int bench_e2e_create(fm_engine *e, const int32_t *prompt, int n_prompt, int n_ge
 void bench_e2e_free(bench_e2e *b);
 /* Plain decoding. The first call's tokens become the reference; later calls are checked against it. */
 int bench_e2e_plain(bench_e2e *b, bench_e2e_result *r, char *err, size_t errlen);
+/* Sampling for every later call (greedy until set); set it before the first plain call, whose tokens the
+ * simulated runs replay. */
+void bench_e2e_set_sampling(bench_e2e *b, const fm_sampling *s);
 /* Speculative decoding at simulated mean acceptance sim_mean (needs a drafter and a prior plain call). */
 int bench_e2e_simulated(bench_e2e *b, double sim_mean, uint64_t seed, bench_e2e_result *r, char *err,
                         size_t errlen);

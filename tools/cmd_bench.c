@@ -29,6 +29,9 @@
 #define CMD "bench"
 
 static const double SIM_MEANS[] = {0, 2, 4, 6.5, 8};
+/* The sampled rows: Qwen3's suggested settings without thinking, simulated acceptance 6.5. */
+static const fm_sampling SAMPLED = {0.7f, 20, 0.8f, 0, 7};
+static const double SAMPLED_SIM = 6.5;
 enum { N_SIM = sizeof SIM_MEANS / sizeof SIM_MEANS[0], N_COLS = 6, MAX_ROWS = 24, CELL = 160 };
 
 typedef struct {
@@ -42,6 +45,8 @@ typedef struct {
     bench_samples step, v8, v17, draft, prefill, bw, plain_tps;
     bench_samples sim_tps[N_SIM], sim_acc[N_SIM], sim_rounds[N_SIM], sim_plain[N_SIM];
     int sim_mismatch[N_SIM], plain_mismatch;
+    bench_samples samp_plain_tps, samp_sim_tps, samp_sim_acc;
+    int samp_mismatch;
     bench_llama llama;
     int llama_failed;
     char llama_error[FM_ERRBUF_SIZE];
@@ -54,7 +59,8 @@ static void usage(FILE *f) {
         "                      [--long-reps N] [--out FILE.md] [more options]\n\n"
         "Prints one table: plain step, verify(8), verify(17), one draft, prefill, plain decoding and\n"
         "speculative decoding at SIMULATED mean acceptance 0/2/4/6.5/8 (output checked identical to plain\n"
-        "decoding), llama.cpp's decode and prefill on the same GGUF (llama-bench, same run, same threads),\n"
+        "decoding), both again sampled (T 0.7, top-k 20, top-p 0.8; acceptance 6.5), llama.cpp's decode\n"
+        "and prefill on the same GGUF (llama-bench, same run, same threads),\n"
         "the measured read bandwidth and the memory roofline. Figures are medians of interleaved "
         "repetitions.\n\n"
         "  -m PATH             target model (Qwen3 dense GGUF)\n"
@@ -267,6 +273,21 @@ static void build_table(const bench_opts *o, const fm_engine_info *info, const b
                 bench_median(&r->sim_acc[i]), bench_median(&r->sim_rounds[i]), bench_median(&r->sim_plain[i]),
                 r->sim_mismatch[i] ? "MISMATCH" : "OK"));
     }
+    const double samp = bench_median(&r->samp_plain_tps);
+    row(t, "plain decode, sampled (T 0.7, top-k 20, top-p 0.8)", fmt(a, "%.2f tok/s", samp),
+        fmt(b, "%.2fx greedy plain decode", samp / plain), "-", have_llama ? fmt(c, "%.2fx", samp / tg) : "-",
+        fmt(d, "median of %d; output is the sampled reference", r->samp_plain_tps.n));
+    if (info->has_drafter) {
+        const double tps = bench_median(&r->samp_sim_tps);
+        row(t, fmt(e, "speculative, SIMULATED acceptance %g, sampled", SAMPLED_SIM),
+            fmt(a, "%.2f tok/s", tps), fmt(b, "%.2fx sampled plain decode", tps / samp), "-",
+            have_llama ? fmt(c, "%.2fx", tps / tg) : "-",
+            fmt(d, "measured %.2f accepted/round; output %s", bench_median(&r->samp_sim_acc),
+                r->samp_mismatch ? "MISMATCH" : "OK"));
+    } else {
+        row(t, fmt(e, "speculative, SIMULATED acceptance %g, sampled", SAMPLED_SIM), no_drafter, "-", "-",
+            "-", "");
+    }
     const double bw = bench_median(&r->bw);
     row(t, fmt(e, "read bandwidth (STREAM-like, %d threads)", info->n_threads), fmt(a, "%.1f GB/s", bw), "-",
         "-", "-",
@@ -282,8 +303,8 @@ static void build_table(const bench_opts *o, const fm_engine_info *info, const b
 /* ---- the run ---- */
 
 static int one_rep(const bench_opts *o, fm_engine *e, const fm_engine_info *info, bench_target *bt,
-                   bench_e2e *be, bench_stream *bs, fm_pool *pool, int rep, bench_results *r, char *err,
-                   size_t errlen) {
+                   bench_e2e *be, bench_e2e *bsamp, bench_stream *bs, fm_pool *pool, int rep,
+                   bench_results *r, char *err, size_t errlen) {
     double ms;
     fprintf(stderr, "bench: repetition %d/%d: step, verify, draft, bandwidth\n", rep + 1, o->reps);
     if (bench_target_warm(bt, err, errlen)) return -1;
@@ -319,6 +340,17 @@ static int one_rep(const bench_opts *o, fm_engine *e, const fm_engine_info *info
         bench_samples_add(&r->sim_rounds[i], res.rounds);
         bench_samples_add(&r->sim_plain[i], res.plain_steps);
         r->sim_mismatch[i] |= !res.identical;
+    }
+    if (bench_e2e_plain(bsamp, &res, err, errlen)) return -1;
+    bench_samples_add(&r->samp_plain_tps, res.tok_s);
+    r->samp_mismatch |= !res.identical;
+    if (info->has_drafter) {
+        if (bench_e2e_simulated(bsamp, SAMPLED_SIM, (uint64_t)o->seed * 1000 + (uint64_t)rep, &res, err,
+                                errlen))
+            return -1;
+        bench_samples_add(&r->samp_sim_tps, res.tok_s);
+        bench_samples_add(&r->samp_sim_acc, res.mean_accepted);
+        r->samp_mismatch |= !res.identical;
     }
     if (o->llama_bench && !r->llama_failed) {
         fprintf(stderr, "bench: repetition %d/%d: llama-bench\n", rep + 1, o->long_reps);
@@ -398,7 +430,7 @@ int cmd_bench(int argc, char **argv) {
     ep.n_ctx = need_ctx > 1024 ? need_ctx : 1024;
     fm_engine *e = NULL;
     bench_target *bt = NULL;
-    bench_e2e *be = NULL;
+    bench_e2e *be = NULL, *bsamp = NULL;
     bench_stream *bs = NULL;
     bench_results *r = calloc(1, sizeof *r);
     int32_t *ids = malloc((size_t)o.prefill * sizeof *ids);
@@ -420,8 +452,10 @@ int cmd_bench(int argc, char **argv) {
     uint64_t rng = (uint64_t)o.seed;
     for (int i = 0; i < o.prefill; i++) ids[i] = (int32_t)(splitmix64(&rng) % (uint64_t)info.vocab);
     if (bench_target_create(e, ids, o.prompt, o.prefill, &bt, err, sizeof err)) goto fail;
-    if (bench_e2e_create(e, ids, o.prompt, o.gen, o.eng.verify, o.eng.fallback, &be, err, sizeof err))
+    if (bench_e2e_create(e, ids, o.prompt, o.gen, o.eng.verify, o.eng.fallback, &be, err, sizeof err) ||
+        bench_e2e_create(e, ids, o.prompt, o.gen, o.eng.verify, o.eng.fallback, &bsamp, err, sizeof err))
         goto fail;
+    bench_e2e_set_sampling(bsamp, &SAMPLED);
     bs = bench_stream_create((size_t)o.stream_mib << 20);
     if (!bs) {
         fprintf(stderr, "flashmap " CMD ": cannot allocate the %d MiB bandwidth buffer (--stream-mib)\n",
@@ -437,12 +471,12 @@ int cmd_bench(int argc, char **argv) {
     /* Untimed: the plain reference the simulated runs replay, and a first touch of every weight. */
     fprintf(stderr, "bench: reference plain run (%d tokens)\n", o.gen);
     bench_e2e_result ref;
-    if (bench_e2e_plain(be, &ref, err, sizeof err)) {
+    if (bench_e2e_plain(be, &ref, err, sizeof err) || bench_e2e_plain(bsamp, &ref, err, sizeof err)) {
         fm_pool_free(pool);
         goto fail;
     }
     for (int rep = 0; rep < o.reps; rep++)
-        if (one_rep(&o, e, &info, bt, be, bs, pool, rep, r, err, sizeof err)) {
+        if (one_rep(&o, e, &info, bt, be, bsamp, bs, pool, rep, r, err, sizeof err)) {
             fm_pool_free(pool);
             goto fail;
         }
@@ -464,7 +498,7 @@ int cmd_bench(int argc, char **argv) {
         if (write_report(&o, &info, r, t, cmdline)) rc = 1;
     }
     free(t);
-    int mismatch = r->plain_mismatch;
+    int mismatch = r->plain_mismatch | r->samp_mismatch;
     for (int i = 0; i < N_SIM; i++) mismatch |= r->sim_mismatch[i];
     if (mismatch) {
         fprintf(stderr,
@@ -478,6 +512,7 @@ fail:
 done:
     bench_stream_free(bs);
     bench_e2e_free(be);
+    bench_e2e_free(bsamp);
     bench_target_free(bt);
     fm_engine_free(e);
     free(ids);
