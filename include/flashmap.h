@@ -147,6 +147,9 @@ typedef struct {
     float top_p;       /* (0, 1): keep that share of the probability; 0 or 1: no limit */
     float min_p;       /* 0: off; [0, 1) */
     uint64_t seed;
+    /* OpenAI's penalties over the tokens generated so far in this call (greedy or sampled): a token's logit
+     * loses presence_penalty once it has appeared and frequency_penalty per appearance. [-2, 2]; 0: off. */
+    float presence_penalty, frequency_penalty;
 } fm_sampling;
 
 /* Called with the new tokens as they are produced; return non-zero to stop early. */

@@ -2,8 +2,8 @@
 # test_generate_sampling.sh: `flashmap generate`'s sampling options end to end on a tiny synthetic pair.
 # The same seed gives the same ids, speculative (every verify mode) or plain; another seed gives other ids;
 # --json reports the settings and the seed (as digits), a run without --seed draws and reports a fresh one
-# that reproduces it; temperature 0 is the greedy output; bench refuses the options; bad values exit 2
-# with one line naming the option.
+# that reproduces it; temperature 0 is the greedy output; presence / frequency penalties change the ids and
+# keep speculative == plain; bench refuses the options; bad values exit 2 with one line naming the option.
 set -u
 source "$(dirname "$0")/cli_pair.sh"
 
@@ -39,6 +39,18 @@ check "greedy --json has no sampling" python3 -c '
 import json,sys; sys.exit(0 if "sampling" not in json.load(open(sys.argv[1]))["stats"] else 1)' "$tmp/greedy.json"
 check "the stats line names the seed" grep -q "sampled, seed 42" "$tmp/spec.err"
 
+# Penalties, greedy and sampled: they change the ids, speculative == plain, --json reports them.
+gen pen_plain --presence-penalty 1.5 --frequency-penalty 0.5 --no-spec
+gen pen_spec --presence-penalty 1.5 --frequency-penalty 0.5 --verify 16 --no-fallback
+gen pen_samp_plain "${samp[@]}" --seed 42 --presence-penalty 1 --no-spec
+gen pen_samp_spec "${samp[@]}" --seed 42 --presence-penalty 1
+check "penalties change the greedy ids" test "$(cat "$tmp/pen_plain.ids")" != "$(cat "$tmp/greedy.ids")"
+check "greedy with penalties: speculative == plain" cmp -s "$tmp/pen_plain.ids" "$tmp/pen_spec.ids"
+check "sampled with penalties: speculative == plain" cmp -s "$tmp/pen_samp_plain.ids" "$tmp/pen_samp_spec.ids"
+check "--json reports the penalties" python3 -c '
+import json,sys; s=json.load(open(sys.argv[1]))["stats"]["sampling"]
+sys.exit(0 if s["presence_penalty"] == 1.5 and s["frequency_penalty"] == 0.5 else 1)' "$tmp/pen_spec.json"
+
 # No --seed: a fresh one, reported as digits, and giving it back reproduces the ids.
 gen fresh "${samp[@]}"
 seed=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stats"]["sampling"]["seed"])' "$tmp/fresh.json")
@@ -60,7 +72,8 @@ check "chat --temp 0 prints no sampling line" test "$(grep -c '^sampling:' "$tmp
 check "chat --no-think uses the non-thinking settings" grep -qF "temperature 0.7, top-k 20, top-p 0.8" <(chat --no-think)
 
 # Bad values: exit 2, one line naming the option.
-for bad in "--temp -1" "--temp hot" "--top-p 0" "--top-p 1.5" "--min-p 1" "--top-k -3" "--seed -1"; do
+for bad in "--temp -1" "--temp hot" "--top-p 0" "--top-p 1.5" "--min-p 1" "--top-k -3" "--seed -1" \
+  "--presence-penalty 3" "--frequency-penalty x"; do
   "$cli" generate -m "$tmp/t.gguf" --prompt-ids 1 -n 1 $bad >/dev/null 2>"$tmp/bad.err"
   rc=$?
   opt=${bad%% *}

@@ -108,7 +108,8 @@ static void check_draw_frequencies(void) {
     static int count[V];
     uint64_t st = 99;
     for (int i = 0; i < V; i++) row[i] = (float)(4 * (fm_rng_uniform(&st) - 0.5));
-    const fm_sampling settings[] = {{1.0f, 0, 1, 0, 5}, {0.7f, 20, 0.9f, 0, 6}, {1.5f, 0, 0.8f, 0.05f, 7}};
+    const fm_sampling settings[] = {
+        {1.0f, 0, 1, 0, 5, 0, 0}, {0.7f, 20, 0.9f, 0, 6, 0, 0}, {1.5f, 0, 0.8f, 0.05f, 7, 0, 0}};
     for (int k = 0; k < 3; k++) {
         const fm_sampling *s = &settings[k];
         int n = 0;
@@ -139,7 +140,7 @@ static void check_invariance(void) {
     uint64_t st = 7;
     for (int i = 0; i < V; i++) row[i] = (float)(6 * (fm_rng_uniform(&st) - 0.5));
     row[123] = row[77]; /* a tie */
-    const fm_sampling s = {0.8f, 40, 0.95f, 0.02f, 0};
+    const fm_sampling s = {0.8f, 40, 0.95f, 0.02f, 0, 0, 0};
     const int nc = fm_sample_gather(row, V, s.temperature, cand);
     int same_order = 0, same_extra = 0;
     for (int t = 0; t < 200; t++) {
@@ -166,18 +167,18 @@ static void check_invariance(void) {
 
     /* Greedy: the argmax, ties to the lowest id. */
     row[300] = row[400] = 10;
-    const fm_sampling greedy = {0, 40, 0.5f, 0, 1};
+    const fm_sampling greedy = {0, 40, 0.5f, 0, 1, 0, 0};
     CHECK(fm_sample_row(row, V, &greedy, 5, NULL) == 300);
     row[400] = 9; /* no tie from here: HF's top-k 1 keeps every token tied with the first */
     /* A cold temperature draws the argmax too; top-k 1 always does. */
-    const fm_sampling cold = {0.01f, 0, 1, 0, 3}, k1 = {2.0f, 1, 1, 0, 3};
+    const fm_sampling cold = {0.01f, 0, 1, 0, 3, 0, 0}, k1 = {2.0f, 1, 1, 0, 3, 0, 0};
     int argmax_draws = 0;
     for (int pos = 0; pos < 100; pos++)
         argmax_draws +=
             fm_sample_row(row, V, &cold, pos, cand) == 300 && fm_sample_row(row, V, &k1, pos, cand) == 300;
     CHECK_MSG(argmax_draws == 100, "%d of 100", argmax_draws);
     /* A warm one draws other tokens. */
-    const fm_sampling warm = {1.0f, 0, 1, 0, 3};
+    const fm_sampling warm = {1.0f, 0, 1, 0, 3, 0, 0};
     int others = 0;
     for (int pos = 0; pos < 100; pos++) others += fm_sample_row(row, V, &warm, pos, cand) != 300;
     CHECK_MSG(others > 10, "only %d of 100 warm draws left the argmax (p about 0.3 each)", others);
@@ -204,7 +205,7 @@ static void check_coupling(void) {
     for (int i = 0; i < V; i++) p_row[i] = (float)(3 * (fm_rng_uniform(&st) - 0.5));
     for (int i = 0; i < V; i++) q_row[i] = p_row[i] + (float)(0.4 * (fm_rng_uniform(&st) - 0.5));
     for (int i = 0; i < V; i++) z_row[i] = (float)(8 * (fm_rng_uniform(&st) - 0.5)); /* unrelated */
-    const fm_sampling s = {1.0f, 0, 1, 0, 11};
+    const fm_sampling s = {1.0f, 0, 1, 0, 11, 0, 0};
     int same = 0, close = 0, unrelated = 0, argmax = 0;
     const int32_t q_top = fm_sample_row(q_row, V, &(fm_sampling){0}, 0, NULL);
     for (int pos = 0; pos < N; pos++) {
@@ -227,6 +228,26 @@ static void check_coupling(void) {
     CHECK_MSG(close > 5 * argmax, "close %d, argmax %d", close, argmax);
 }
 
+/* Penalties: each token that appeared in the history (generated ids, then the drafts ahead of the row) loses
+ * presence + frequency x its count, once; the others keep their logit; the counts scratch ends zeroed. */
+static void check_penalties(void) {
+    enum { V = 50 };
+    float row[V], want[V];
+    int counts[V] = {0};
+    fm_penalty list[7];
+    for (int i = 0; i < V; i++) row[i] = want[i] = (float)i * 0.25f - 3;
+    const int32_t gen[] = {4, 7, 4, 9, 4}, extra[] = {7, 11};
+    const fm_sampling s = {0.7f, 0, 1, 0, 1, 0.5f, 0.25f};
+    fm_sample_penalize(row, &s, gen, 5, extra, 2, counts, list);
+    want[4] -= 0.5f + 0.25f * 3, want[7] -= 0.5f + 0.25f * 2, want[9] -= 0.5f + 0.25f,
+        want[11] -= 0.5f + 0.25f;
+    int same = 0, zero = 0;
+    for (int i = 0; i < V; i++) same += row[i] == want[i], zero += counts[i] == 0;
+    CHECK_MSG(same == V, "%d of %d logits as defined", same, V);
+    CHECK(zero == V);
+    CHECK(fm_sampling_penalized(&s) && !fm_sampling_penalized(&(fm_sampling){0.7f, 0, 1, 0, 1, 0, 0}));
+}
+
 /* The noise: Gumbel scores of a flat row average the Euler-Mascheroni constant; keys differ by seed and by
  * position, and are repeatable. */
 static void check_noise(void) {
@@ -241,17 +262,19 @@ static void check_noise(void) {
 
 static void check_settings(void) {
     char err[256];
-    const fm_sampling ok = {0.7f, 20, 0.8f, 0, 1}, greedy = {0, 0, 1, 0, 0}, zeroed = {0},
-                      zero_p = {1, 0, 0, 0, 0};
+    const fm_sampling ok = {0.7f, 20, 0.8f, 0, 1, 0, 0}, greedy = {0, 0, 1, 0, 0, 0, 0}, zeroed = {0},
+                      zero_p = {1, 0, 0, 0, 0, 0, 0};
     CHECK(fm_sampling_check(&ok, err, sizeof err) == 0);
     CHECK(fm_sampling_check(&zeroed, err, sizeof err) == 0);
     CHECK(fm_sampling_check(&zero_p, err, sizeof err) == 0 && !fm_sampling_top_p_on(&zero_p));
     CHECK(fm_sampling_check(&greedy, err, sizeof err) == 0);
-    const fm_sampling bad[] = {{-1, 0, 1, 0, 0},   {NAN, 0, 1, 0, 0}, {1, -2, 1, 0, 0},   {1, 0, -0.5f, 0, 0},
-                               {1, 0, 1.5f, 0, 0}, {1, 0, 1, 1, 0},   {1, 0, 1, -0.1f, 0}};
-    static const char *const names[] = {"temperature", "temperature", "top-k", "top-p",
-                                        "top-p",       "min-p",       "min-p"};
-    for (int i = 0; i < 7; i++) {
+    const fm_sampling bad[] = {{-1, 0, 1, 0, 0, 0, 0},    {NAN, 0, 1, 0, 0, 0, 0},  {1, -2, 1, 0, 0, 0, 0},
+                               {1, 0, -0.5f, 0, 0, 0, 0}, {1, 0, 1.5f, 0, 0, 0, 0}, {1, 0, 1, 1, 0, 0, 0},
+                               {1, 0, 1, -0.1f, 0, 0, 0}, {0, 0, 1, 0, 0, 2.5f, 0}, {0, 0, 1, 0, 0, 0, NAN}};
+    static const char *const names[] = {
+        "temperature",      "temperature",      "top-k", "top-p", "top-p", "min-p", "min-p",
+        "presence penalty", "frequency penalty"};
+    for (int i = 0; i < 9; i++) {
         err[0] = 0;
         CHECK_MSG(fm_sampling_check(&bad[i], err, sizeof err) != 0 && strstr(err, names[i]),
                   "setting %d: '%s'", i, err);
@@ -265,6 +288,7 @@ int main(void) {
     check_draw_frequencies();
     check_invariance();
     check_coupling();
+    check_penalties();
     check_noise();
     check_settings();
     return fm_test_report("test_sampler");

@@ -425,6 +425,27 @@ def test_sampling_reproducible(s):
     check(plain.stop() == 0, "the plain server's exit: %s" % plain.log())
 
 
+def test_penalties(s):
+    """presence_penalty / frequency_penalty: they change the reply (a repetitive greedy reply of the tiny model
+    repeats less), greedy or sampled; speculative == plain decoding with them; flashmap reports them."""
+    base = {"prompt": "Hello world", "max_tokens": 40, "ignore_eos": True}
+    greedy = completion(s, base, "greedy")["choices"][0]["text"]
+    pen = dict(base, presence_penalty=1.5, frequency_penalty=0.5)
+    r = completion(s, pen, "greedy with penalties")
+    check(r["choices"][0]["text"] != greedy, "penalties left the greedy reply as it was: %r" % greedy)
+    sampled = dict(pen, temperature=0.8, seed=3)
+    a = completion(s, sampled, "sampled with penalties")
+    sp = a["flashmap"]["sampling"]
+    check(sp.get("presence_penalty") == 1.5 and sp.get("frequency_penalty") == 0.5, "flashmap sampling: %r" % sp)
+    plain = Server(["--no-spec"])
+    for what, body, ref in (("greedy", pen, r), ("sampled", sampled, a)):
+        p = completion(plain, body, "plain server, " + what + " with penalties")
+        check(p["flashmap"]["speculative"] is False, "plain server: %r" % p["flashmap"])
+        check(p["choices"][0]["text"] == ref["choices"][0]["text"], "%s with penalties: plain %r vs speculative %r"
+              % (what, p["choices"][0]["text"], ref["choices"][0]["text"]))
+    check(plain.stop() == 0, "the plain server's exit: %s" % plain.log())
+
+
 def test_sampling_seeds(s):
     """Different seeds, different texts; without a seed, a fresh one per request, reported and reusable."""
     base = {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "temperature": 1.5}
@@ -522,9 +543,11 @@ COMPLETION_ERRORS = [
     ({"prompt": "x", "seed": "5"}, 400, ["'seed' must be a whole number", "string"], "seed"),
     ({"prompt": "x", "n": 2}, 400, ["'n' must be 1", "one choice"], "n"),
     ({"prompt": "x", "best_of": 3}, 400, ["'best_of' must be 1"], "best_of"),
-    ({"prompt": "x", "presence_penalty": 0.5}, 400, ["'presence_penalty' must be 0", "no penalties"], "presence_penalty"),
-    ({"prompt": "x", "frequency_penalty": -1}, 400, ["'frequency_penalty' must be 0"], "frequency_penalty"),
-    ({"prompt": "x", "repetition_penalty": 1.1}, 400, ["'repetition_penalty' must be 1"], "repetition_penalty"),
+    ({"prompt": "x", "presence_penalty": 2.5}, 400, ["'presence_penalty' must be from -2 to 2", "got 2.5"],
+     "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": "high"}, 400, ["'frequency_penalty' must be a number"], "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 1.1}, 400, ["'repetition_penalty' must be 1", "frequency_penalty only"],
+     "repetition_penalty"),
     ({"prompt": "x", "logprobs": 5}, 400, ["'logprobs' is not supported"], "logprobs"),
     ({"prompt": "x", "echo": True}, 400, ["'echo' is not supported"], "echo"),
     ({"prompt": "x", "model": 7}, 400, ["'model' must be a string"], "model"),

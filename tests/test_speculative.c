@@ -1,5 +1,6 @@
 /* test_speculative.c: losslessness. Speculative output must equal plain output token for token, greedy or
- * sampled with the same seed (temperatures, top-k, top-p, min-p drawn per case), for random tiny models
+ * sampled with the same seed (temperatures, top-k, top-p, min-p, presence and frequency penalties drawn per
+ * case), for random tiny models
  * (several weight types, tied and untied), random prompts, every verify mode, fallback on and off, extra stop
  * tokens, token limits from 1 to 200 and small context limits; and under simulated acceptance, where rounds
  * accept anything from 0 to all 16 drafts. A session cut back to a prefix of its
@@ -142,7 +143,7 @@ static int check_truncate(fm_engine *e, const fm_engine_info *info, const char *
 
 int main(void) {
     char target[4096], drafter[4096], err[FM_ERRBUF_SIZE];
-    int accepted_hist[FM_MAX_BLOCK + 1] = {0}, cases = 0, truncated = 0, sampled = 0;
+    int accepted_hist[FM_MAX_BLOCK + 1] = {0}, cases = 0, truncated = 0, sampled = 0, penalized = 0;
     for (int mi = 0; mi < N_MODELS; mi++) {
         if (synth_pair(&MODELS[mi], target, drafter, sizeof target)) {
             CHECK_MSG(0, "synthesizing the %s pair failed", MODELS[mi].type);
@@ -185,6 +186,13 @@ int main(void) {
                     plain.sampling.top_p = top_ps[rnd(3)];
                     plain.sampling.min_p = min_ps[rnd(3)];
                     plain.sampling.seed = rnd(1u << 30);
+                }
+                if (rnd(3) == 0) { /* penalties, greedy or sampled */
+                    static const float pens[] = {0, 0.5f, 1.5f, -1.0f};
+                    plain.sampling.presence_penalty = pens[rnd(4)];
+                    plain.sampling.frequency_penalty = pens[rnd(4)];
+                    penalized +=
+                        plain.sampling.presence_penalty != 0 || plain.sampling.frequency_penalty != 0;
                 }
                 result a = {0}, b = {0};
                 if (generate(e, prompt, n_prompt, &plain, &a, NULL)) {
@@ -244,8 +252,9 @@ int main(void) {
             fm_engine_free(e);
         }
     }
-    printf("cases: %d (%d sampled), truncated conversations: %d; rounds by accepted drafts:", cases, sampled,
-           truncated);
+    printf(
+        "cases: %d (%d sampled, %d with penalties), truncated conversations: %d; rounds by accepted drafts:",
+        cases, sampled, penalized, truncated);
     int reached = 0;
     for (int k = 0; k <= 16; k++) {
         printf(" %d:%d", k, accepted_hist[k]);
@@ -254,6 +263,7 @@ int main(void) {
     printf("\n");
     CHECK_MSG(cases >= 200, "only %d cases ran", cases);
     CHECK_MSG(sampled >= 70, "only %d sampled cases ran", sampled);
+    CHECK_MSG(penalized >= 40, "only %d cases with penalties ran", penalized);
     CHECK_MSG(truncated >= 30, "only %d truncated-conversation cases ran", truncated);
     CHECK_MSG(accepted_hist[0] > 0 && accepted_hist[16] > 0 && reached >= 12,
               "simulated rounds should accept from 0 to 16 drafts (saw %d distinct counts)", reached);

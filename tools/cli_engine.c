@@ -45,20 +45,27 @@ void cli_json_add_sampling(cJSON *obj, const fm_sampling *sp) {
     cJSON_AddNumberToObject(s, "top_p", short_float(sp->top_p));
     cJSON_AddNumberToObject(s, "min_p", short_float(sp->min_p));
     cJSON_AddRawToObject(s, "seed", seed);
+    if (sp->presence_penalty != 0) cJSON_AddNumberToObject(s, "presence_penalty", short_float(sp->presence_penalty));
+    if (sp->frequency_penalty != 0)
+        cJSON_AddNumberToObject(s, "frequency_penalty", short_float(sp->frequency_penalty));
 }
 
 /* The sampling options; same contract as cli_engine_opt. */
 static int sampling_opt(const char *cmd, int argc, char **argv, int *i, cli_engine_opts *o) {
     const char *a = argv[*i];
     const int is_temp = !strcmp(a, "--temp") || !strcmp(a, "--temperature"), is_k = !strcmp(a, "--top-k"),
-              is_p = !strcmp(a, "--top-p"), is_min = !strcmp(a, "--min-p"), is_seed = !strcmp(a, "--seed");
-    if (!(is_temp || is_k || is_p || is_min || is_seed)) return 0;
+              is_p = !strcmp(a, "--top-p"), is_min = !strcmp(a, "--min-p"), is_seed = !strcmp(a, "--seed"),
+              is_presence = !strcmp(a, "--presence-penalty"), is_frequency = !strcmp(a, "--frequency-penalty");
+    if (!(is_temp || is_k || is_p || is_min || is_seed || is_presence || is_frequency)) return 0;
     const char *v = cli_value(cmd, argc, argv, i);
     if (!v) return -1;
     double d;
     long n;
-    o->sampling_given |= !is_seed;
-    if (is_temp) {
+    o->sampling_given |= is_temp || is_k || is_p || is_min;
+    if (is_presence || is_frequency) {
+        if (cli_parse_double(cmd, a, v, -2, 2, &d)) return -1;
+        *(is_presence ? &o->sampling.presence_penalty : &o->sampling.frequency_penalty) = (float)d;
+    } else if (is_temp) {
         if (cli_parse_double(cmd, a, v, 0, 100, &d)) return -1;
         o->sampling.temperature = (float)d;
     } else if (is_p || is_min) {

@@ -90,7 +90,8 @@ int cmd_chat(int argc, char **argv) {
     gp.fallback = eo.fallback;
     gp.sampling = eo.sampling;
     if (!eo.sampling_given) {
-        const fm_sampling suggested = {think ? 0.6f : 0.7f, 20, think ? 0.95f : 0.8f, 0, eo.sampling.seed};
+        const fm_sampling suggested = {think ? 0.6f : 0.7f, 20,   think ? 0.95f : 0.8f, 0, eo.sampling.seed,
+                                       eo.sampling.presence_penalty, eo.sampling.frequency_penalty};
         gp.sampling = suggested;
     }
     if (gp.sampling.temperature > 0 && !eo.seed_given) gp.sampling.seed = cli_random_seed();

@@ -85,10 +85,8 @@ static int check_off_number(const cJSON *o, const char *name, double ok1, double
 
 /* Features the engine does not have: refused when set to anything but their "off" value. */
 static int check_unsupported(const cJSON *o, serve_error *err) {
-    static const char *no_penalty = "flashmap serve has no penalties";
-    if (check_off_number(o, "presence_penalty", 0, 0, "0", no_penalty, err) ||
-        check_off_number(o, "frequency_penalty", 0, 0, "0", no_penalty, err) ||
-        check_off_number(o, "repetition_penalty", 1, 1, "1", no_penalty, err))
+    static const char *no_penalty = "flashmap serve has presence_penalty and frequency_penalty only";
+    if (check_off_number(o, "repetition_penalty", 1, 1, "1", no_penalty, err))
         return -1;
     static const char *one = "flashmap serve returns one choice per request";
     if (check_off_number(o, "n", 1, 1, "1", one, err) || check_off_number(o, "best_of", 1, 1, "1", one, err))
@@ -129,7 +127,7 @@ static int get_float(const cJSON *o, const char *name, double lo, int lo_open, d
     return 0;
 }
 
-/* temperature, top_k, top_p, min_p and seed, over the server's defaults. A sampled request without a seed
+/* temperature, top_k, top_p, min_p, the penalties and seed, over the server's defaults. A sampled request without a seed
  * uses serve --seed, else a fresh random one (reported in the reply, so it can be given back). */
 static int parse_sampling(const cJSON *o, const serve_sampling_defaults *def, serve_request *r,
                           serve_error *err) {
@@ -142,7 +140,9 @@ static int parse_sampling(const cJSON *o, const serve_sampling_defaults *def, se
     }
     if (get_float(o, "temperature", 0, 0, 2, 0, "from 0 (greedy) to 2", &s->temperature, err) ||
         get_float(o, "top_p", 0, 1, 1, 0, "more than 0 and at most 1", &s->top_p, err) ||
-        get_float(o, "min_p", 0, 0, 1, 1, "at least 0 and less than 1", &s->min_p, err))
+        get_float(o, "min_p", 0, 0, 1, 1, "at least 0 and less than 1", &s->min_p, err) ||
+        get_float(o, "presence_penalty", -2, 0, 2, 0, "from -2 to 2", &s->presence_penalty, err) ||
+        get_float(o, "frequency_penalty", -2, 0, 2, 0, "from -2 to 2", &s->frequency_penalty, err))
         return -1;
     long k = 0;
     int present = 0;

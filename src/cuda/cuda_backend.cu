@@ -91,6 +91,13 @@ struct fm_cuda_backend {
     fmc_sample_scratch sscr;
     fm_candidate *cand; /* [vocab] */
     float *h_row;       /* [vocab]: a row with more than SAMPLE_CAP candidates */
+    /* penalties: the tokens generated so far (set_generated), each row's (id, delta) list built on the host
+     */
+    const int32_t *gen;
+    int n_gen, pen_cap;
+    int *pen_counts;            /* [vocab] zeroed */
+    int *h_pen_off, *d_pen_off; /* [rows_cap + 1] */
+    fm_penalty *h_pen, *d_pen;  /* [pen_cap] */
     /* graphs, programmatic dependent launch */
     int use_graphs, use_pdl, n_graphs;
     double warm_ms; /* the graphs captured at creation (warm_graphs) took this long */
@@ -465,6 +472,10 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     if (b->h_am) cudaFreeHost(b->h_am);
     if (b->h_pos) cudaFreeHost(b->h_pos);
     if (b->h_res) cudaFreeHost(b->h_res);
+    if (b->h_pen) cudaFreeHost(b->h_pen);
+    if (b->d_pen) cudaFree(b->d_pen);
+    if (b->h_pen_off) cudaFreeHost(b->h_pen_off);
+    free(b->pen_counts);
     free(b->cand);
     free(b->h_row);
     if (b->st) cudaStreamDestroy(b->st);
@@ -711,6 +722,42 @@ static int sample_rows(fm_cuda_backend *b, const float *logits, const unsigned l
     return 0;
 }
 
+static void cu_set_generated(void *ctx, const int32_t *ids, int n) {
+    fm_cuda_backend *b = (fm_cuda_backend *)ctx;
+    b->gen = ids, b->n_gen = n;
+}
+
+/* Penalises the forward's logit rows 0..rows-1 in place (row r of an all-rows forward also counts the drafts
+ * ids[1..r]) and recomputes their argmax. The lists are built with the CPU's arithmetic (fm_penalty_delta).
+ */
+static int penalize_rows(fm_cuda_backend *b, int rows, const int32_t *extra, char *err, size_t errlen) {
+    const fm_sampling *sp = &b->sampling;
+    const int need = rows * (b->n_gen + rows);
+    if (need > b->pen_cap) {
+        if (b->h_pen) cudaFreeHost(b->h_pen);
+        if (b->d_pen) cudaFree(b->d_pen);
+        b->h_pen = NULL, b->d_pen = NULL, b->pen_cap = 0;
+        CK(cudaMallocHost(&b->h_pen, (size_t)need * sizeof *b->h_pen));
+        CK(cudaMalloc(&b->d_pen, (size_t)need * sizeof *b->d_pen));
+        b->pen_cap = need;
+    }
+    int k = 0;
+    for (int r = 0; r < rows; r++) {
+        b->h_pen_off[r] = k;
+        k += fm_penalty_list(sp, b->gen, b->n_gen, extra, extra ? r : 0, b->pen_counts, b->h_pen + k);
+    }
+    b->h_pen_off[rows] = k;
+    CK(cudaMemcpyAsync(b->d_pen_off, b->h_pen_off, (size_t)(rows + 1) * sizeof(int), cudaMemcpyHostToDevice,
+                       b->st));
+    CK(cudaMemcpyAsync(b->d_pen, b->h_pen, (size_t)(k ? k : 1) * sizeof *b->d_pen, cudaMemcpyHostToDevice,
+                       b->st));
+    fmc_penalize(b->logits, rows, b->vocab, b->d_pen_off, b->d_pen, b->st);
+    CK(cudaMemsetAsync(b->d_am, 0, (size_t)rows * 8, b->st));
+    fmc_argmax(b->logits, rows, b->vocab, b->d_am, 0, b->st);
+    CK(cudaGetLastError());
+    return 0;
+}
+
 static int cu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (!fm_sampling_greedy(s) && !b->cand) {
@@ -731,6 +778,16 @@ static int cu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t er
         b->cand = (fm_candidate *)malloc((size_t)b->vocab * sizeof *b->cand);
         if (!b->h_row || !b->cand) {
             snprintf(err, errlen, "out of memory for the sampler");
+            return -1;
+        }
+    }
+    if (fm_sampling_penalized(s) && !b->pen_counts) {
+        const int R = b->rows_cap;
+        DALLOC(b->d_pen_off, (size_t)(R + 1) * sizeof(int));
+        CK(cudaMallocHost(&b->h_pen_off, (size_t)(R + 1) * sizeof(int)));
+        b->pen_counts = (int *)calloc((size_t)b->vocab, sizeof(int));
+        if (!b->pen_counts) {
+            snprintf(err, errlen, "out of memory for the penalties");
             return -1;
         }
     }
@@ -761,6 +818,9 @@ static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *
     const int mode = !argmax ? MODE_NONE : all_rows ? MODE_ALL : MODE_LAST, rows = mode == MODE_ALL ? n : 1;
     b->att_form = att_form_at(b->pos + n);
     if (run_forward(b, n, mode, err, errlen)) return -1;
+    if (argmax && fm_sampling_penalized(&b->sampling) &&
+        penalize_rows(b, rows, mode == MODE_ALL ? ids + 1 : NULL, err, errlen))
+        return -1;
     if (argmax && !fm_sampling_greedy(&b->sampling)) {
         if (sample_rows(b, b->logits, b->d_am, rows, b->pos + n - rows, argmax, err, errlen)) return -1;
     } else {
@@ -1019,6 +1079,7 @@ extern "C" fm_decode_backend fm_cuda_backend_ops(fm_cuda_backend *b) {
     ops.pos = cu_pos;
     ops.eval = cu_eval;
     ops.set_sampling = cu_set_sampling;
+    ops.set_generated = cu_set_generated;
     ops.rewind = cu_rewind;
     ops.commit_features = cu_commit_features;
     ops.draft = cu_draft;

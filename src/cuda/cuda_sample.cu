@@ -224,6 +224,16 @@ __global__ void k_sample_draw(const float *x, int n, const unsigned long long *a
     block_argmax_to(best, pick + t);
 }
 
+__global__ void k_penalize(float *logits, int n, const int *offsets, const fm_penalty *p) {
+    const int t = blockIdx.x;
+    for (int i = offsets[t] + threadIdx.x; i < offsets[t + 1]; i += blockDim.x)
+        logits[(size_t)t * n + p[i].id] -= p[i].delta;
+}
+
+void fmc_penalize(float *logits, int T, int n, const int *offsets, const fm_penalty *p, cudaStream_t s) {
+    k_penalize<<<T, 256, 0, s>>>(logits, n, offsets, p);
+}
+
 void fmc_sample_rows(const float *x, int T, int n, const unsigned long long *am, const fmc_sample_args *a,
                      const fmc_sample_scratch *scr, int cap, int *count, fmc_candidate *out,
                      unsigned long long *pick, cudaStream_t s) {

@@ -14,6 +14,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "decode/sampler.h"
+
 enum { FMC_SAMPLE_TIERS = 64 };
 #define FMC_SAMPLE_SCALE 17592186044416.0 /* 2^44: fixed-point masses */
 
@@ -38,6 +40,10 @@ typedef struct {
     unsigned long long *tier_w; /* [T][FMC_SAMPLE_TIERS] */
     fmc_candidate *cut;         /* [T]: top-p's last kept token */
 } fmc_sample_scratch;
+
+/* Penalties (decode/sampler.h's fm_penalty_list): logits[t][p[i].id] -= p[i].delta for i in offsets[t] ..
+ * offsets[t + 1] (ids distinct within a row). */
+void fmc_penalize(float *logits, int T, int n, const int *offsets, const fm_penalty *p, cudaStream_t s);
 
 /* For T rows of x ([T][n], am: fmc_argmax's result for them): with top-k, their candidates into
  * out[t][0..cap) in any order, count[t] = how many there were (may exceed cap: then read the row whole); else

@@ -19,26 +19,41 @@ struct fm_cpu_backend {
     int pending_rows, pending_start, pending_cap;
     fm_sampling sampling;
     fm_candidate *candidates; /* [pool workers][vocab], once sampling is on */
+    int *counts;              /* [pool workers][vocab] zeroed, once penalties are on */
+    const int32_t *gen;       /* set_generated: the tokens generated so far */
+    int n_gen;
+    fm_penalty *pen; /* [pool workers][pen_cap]: a row's penalty list */
+    int pen_cap;
 };
 
 typedef struct {
     const fm_cpu_backend *b;
-    const float *logits;
+    float *logits;
     int pos0;
+    const int32_t *extra; /* penalties: row r also counts extra[0..r) (a verify block's drafts); or NULL */
+    int penalize;
     int32_t *out;
 } sample_job;
 
 static void sample_task(void *ctx, int64_t begin, int64_t end, int thread) {
     const sample_job *j = ctx;
-    const int vocab = j->b->model->hp.vocab;
-    fm_candidate *scratch = j->b->candidates + (size_t)thread * vocab;
-    for (int64_t r = begin; r < end; r++)
-        j->out[r] = fm_sample_row(j->logits + r * vocab, vocab, &j->b->sampling, j->pos0 + (int)r, scratch);
+    const fm_cpu_backend *b = j->b;
+    const int vocab = b->model->hp.vocab;
+    fm_candidate *scratch = b->candidates + (size_t)thread * vocab;
+    for (int64_t r = begin; r < end; r++) {
+        float *row = j->logits + r * vocab;
+        if (j->penalize)
+            fm_sample_penalize(row, &b->sampling, b->gen, b->n_gen, j->extra, j->extra ? (int)r : 0,
+                               b->counts + (size_t)thread * vocab, b->pen + (size_t)thread * b->pen_cap);
+        j->out[r] = fm_sample_row(row, vocab, &b->sampling, j->pos0 + (int)r, scratch);
+    }
 }
 
-/* The draws of rows 0..rows-1 of logits (positions pos0 ..), the rows spread over the pool's workers. */
-static void sample_rows(fm_cpu_backend *b, const float *logits, int rows, int pos0, int32_t *out) {
-    sample_job j = {b, logits, pos0, out};
+/* The tokens of rows 0..rows-1 of logits (positions pos0 ..), the rows spread over the pool's workers; with
+ * penalties the rows are penalised in place first (extra as in sample_job). */
+static void sample_rows(fm_cpu_backend *b, float *logits, int rows, int pos0, const int32_t *extra,
+                        int penalize, int32_t *out) {
+    sample_job j = {b, logits, pos0, extra, penalize, out};
     fm_pool_for(b->pool, rows, 1, sample_task, &j);
 }
 
@@ -66,11 +81,24 @@ void fm_cpu_backend_free(fm_cpu_backend *b) {
     qwen3_state_free(b->state);
     free(b->pending);
     free(b->candidates);
+    free(b->counts);
+    free(b->pen);
     free(b);
 }
 
 static int cpu_pos(void *ctx) {
     return qwen3_state_pos(((fm_cpu_backend *)ctx)->state);
+}
+
+/* Room for a row's penalty list: the history and a verify block's drafts. */
+static int reserve_penalties(fm_cpu_backend *b, char *err, size_t errlen) {
+    const int need = b->n_gen + b->max_eval;
+    if (need <= b->pen_cap) return 0;
+    const size_t workers = b->pool ? (size_t)fm_pool_size(b->pool) : 1;
+    fm_penalty *p = realloc(b->pen, workers * (size_t)need * 2 * sizeof *p);
+    if (!p) return fm_set_error(err, errlen, "out of memory for the penalties");
+    b->pen = p, b->pen_cap = need * 2;
+    return 0;
 }
 
 static int cpu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *argmax, char *err,
@@ -80,20 +108,33 @@ static int cpu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t 
     const qwen3_out out = !argmax ? QWEN3_OUT_NONE : all_rows ? QWEN3_OUT_ALL_ARGMAX : QWEN3_OUT_LAST_LOGITS;
     if (qwen3_forward(b->model, b->state, b->pool, ids, n, out, err, errlen)) return -1;
     if (!argmax) return 0;
-    if (fm_sampling_greedy(&b->sampling)) {
+    const int penalize = fm_sampling_penalized(&b->sampling);
+    if (penalize && reserve_penalties(b, err, errlen)) return -1;
+    if (fm_sampling_greedy(&b->sampling) && !penalize) {
         memcpy(argmax, qwen3_state_argmax(b->state), (size_t)rows * sizeof *argmax);
         return 0;
     }
-    sample_rows(b, qwen3_state_logits(b->state), rows, pos + n - rows, argmax);
+    /* The state's logits are this eval's own: penalties may change them in place. */
+    sample_rows(b, (float *)qwen3_state_logits(b->state), rows, pos + n - rows, all_rows ? ids + 1 : NULL,
+                penalize, argmax);
     return 0;
+}
+
+static void cpu_set_generated(void *ctx, const int32_t *ids, int n) {
+    fm_cpu_backend *b = ctx;
+    b->gen = ids, b->n_gen = n;
 }
 
 static int cpu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t errlen) {
     fm_cpu_backend *b = ctx;
+    const size_t workers = b->pool ? (size_t)fm_pool_size(b->pool) : 1, vocab = b->model->hp.vocab;
     if (!fm_sampling_greedy(s) && !b->candidates) {
-        const size_t workers = b->pool ? (size_t)fm_pool_size(b->pool) : 1;
-        b->candidates = malloc(workers * b->model->hp.vocab * sizeof *b->candidates);
+        b->candidates = malloc(workers * vocab * sizeof *b->candidates);
         if (!b->candidates) return fm_set_error(err, errlen, "out of memory for the sampler");
+    }
+    if (fm_sampling_penalized(s) && !b->counts) {
+        b->counts = calloc(workers * vocab, sizeof *b->counts);
+        if (!b->counts) return fm_set_error(err, errlen, "out of memory for the penalties");
     }
     b->sampling = *s;
     return 0;
@@ -147,7 +188,7 @@ static int cpu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out
         return -1;
     if (!fm_sampling_greedy(&b->sampling)) {
         /* Each slot drawn as the target will draw the row it is checked against (coupled drafts). */
-        sample_rows(b, fm_drafter_last_logits(b->drafter), n_out, pos, out);
+        sample_rows(b, (float *)fm_drafter_last_logits(b->drafter), n_out, pos, NULL, 0, out);
     }
     return 0;
 }
@@ -170,6 +211,7 @@ fm_decode_backend fm_cpu_backend_ops(fm_cpu_backend *b) {
         .pos = cpu_pos,
         .eval = cpu_eval,
         .set_sampling = cpu_set_sampling,
+        .set_generated = cpu_set_generated,
         .rewind = cpu_rewind,
         .commit_features = cpu_commit_features,
         .draft = cpu_draft,

@@ -27,6 +27,9 @@ typedef struct {
                 size_t errlen);
     /* How eval's rows choose their token from now on (fm_sampling_check'ed). NULL: greedy only. */
     int (*set_sampling)(void *ctx, const fm_sampling *s, char *err, size_t errlen);
+    /* With penalties (fm_sampling_penalized): the tokens generated so far, valid until the next eval; row r
+     * of an all-rows eval adds ids[1..r] (the drafts ahead of it) to them. NULL: no penalties. */
+    void (*set_generated)(void *ctx, const int32_t *ids, int n);
     /* Drops positions >= pos. */
     void (*rewind)(void *ctx, int pos);
     /* The features of rows [0, n) of the last eval become the drafter's context at start .. start+n-1

@@ -20,6 +20,12 @@ int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen) {
                             (double)s->top_p);
     if (!(s->min_p >= 0) || s->min_p >= 1)
         return fm_set_error(err, errlen, "min-p must be in [0, 1), got %g", (double)s->min_p);
+    if (!(fabsf(s->presence_penalty) <= 2))
+        return fm_set_error(err, errlen, "presence penalty must be in [-2, 2], got %g",
+                            (double)s->presence_penalty);
+    if (!(fabsf(s->frequency_penalty) <= 2))
+        return fm_set_error(err, errlen, "frequency penalty must be in [-2, 2], got %g",
+                            (double)s->frequency_penalty);
     return 0;
 }
 
@@ -186,6 +192,30 @@ int fm_sample_distribution(fm_candidate *c, int n, const fm_sampling *s, int32_t
     for (int i = 0; i < n; i++) ids[i] = c[i].id, p[i] = c[i].w / sum;
     *n_out = n;
     return 0;
+}
+
+int fm_penalty_list(const fm_sampling *s, const int32_t *gen, int n_gen, const int32_t *extra, int n_extra,
+                    int *counts, fm_penalty *out) {
+    for (int i = 0; i < n_gen; i++) counts[gen[i]]++;
+    for (int i = 0; i < n_extra; i++) counts[extra[i]]++;
+    /* Each distinct token once: its count is zeroed as it is listed. */
+    int k = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const int32_t *ids = pass ? extra : gen;
+        for (int i = 0, n = pass ? n_extra : n_gen; i < n; i++) {
+            const int c = counts[ids[i]];
+            if (!c) continue;
+            out[k++] = (fm_penalty){ids[i], fm_penalty_delta(s, c)};
+            counts[ids[i]] = 0;
+        }
+    }
+    return k;
+}
+
+void fm_sample_penalize(float *row, const fm_sampling *s, const int32_t *gen, int n_gen, const int32_t *extra,
+                        int n_extra, int *counts, fm_penalty *out) {
+    const int k = fm_penalty_list(s, gen, n_gen, extra, n_extra, counts, out);
+    for (int i = 0; i < k; i++) row[out[i].id] -= out[i].delta;
 }
 
 int32_t fm_sample_row(const float *row, int vocab, const fm_sampling *s, int pos, fm_candidate *scratch) {

@@ -37,6 +37,29 @@ static inline int fm_sampling_top_p_on(const fm_sampling *s) {
     return s->top_p > 0 && s->top_p < 1;
 }
 
+static inline int fm_sampling_penalized(const fm_sampling *s) {
+    return s && (s->presence_penalty != 0 || s->frequency_penalty != 0);
+}
+
+/* What a token that appeared c > 0 times loses (one function for every backend: the same bits). */
+static inline float fm_penalty_delta(const fm_sampling *s, int c) {
+    return (float)((double)s->presence_penalty + (double)s->frequency_penalty * c);
+}
+
+/* A row's penalties: what the logit of each distinct token of the history gen[0..n_gen) followed by
+ * extra[0..n_extra) (a verify block's drafts ahead of the row) loses, into out[] (room for n_gen + n_extra);
+ * returns how many. counts: vocab zeroed ints, left zeroed. Every backend builds its penalties here. */
+typedef struct {
+    int32_t id;
+    float delta;
+} fm_penalty;
+int fm_penalty_list(const fm_sampling *s, const int32_t *gen, int n_gen, const int32_t *extra, int n_extra,
+                    int *counts, fm_penalty *out);
+
+/* Applies them to a row of logits (out: scratch as fm_penalty_list's). */
+void fm_sample_penalize(float *row, const fm_sampling *s, const int32_t *gen, int n_gen, const int32_t *extra,
+                        int n_extra, int *counts, fm_penalty *out);
+
 /* 0, or -1 with one line naming the setting that is out of range. */
 int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen);
 

@@ -128,6 +128,9 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
     if (fm_sampling_check(&p->sampling, err, errlen)) return -1;
     if (!b->set_sampling && !fm_sampling_greedy(&p->sampling))
         return fm_set_error(err, errlen, "this backend decodes greedily only");
+    const int penalized = fm_sampling_penalized(&p->sampling);
+    if (penalized && (!b->set_sampling || !b->set_generated))
+        return fm_set_error(err, errlen, "this backend has no presence or frequency penalties");
     if (b->set_sampling && b->set_sampling(b->ctx, &p->sampling, err, errlen)) return -1;
     const int n_ctx = b->n_ctx, vocab = b->vocab, block = b->block, drafter_ctx = b->drafter_ctx;
     if (b->pos(b->ctx) + n_ids >= n_ctx)
@@ -145,6 +148,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
     const double t_start = clock_s(b);
     st->n_prompt = n_ids;
     int32_t next;
+    if (penalized) b->set_generated(b->ctx, NULL, 0); /* the prompt's last row: nothing generated yet */
     if (prefill(b, ids, n_ids, &next, err, errlen)) goto done;
     st->prefill_s = clock_s(b) - t_start;
     const double t_decode = clock_s(b);
@@ -177,6 +181,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
             /* A plain step on `next`; its features wait for the next draft. */
             const double t0 = clock_s(b);
             const int32_t in = next;
+            if (penalized) b->set_generated(b->ctx, o.ids, o.n);
             if (b->eval(b->ctx, &in, 1, 0, &next, err, errlen)) goto done;
             const double ms = 1e3 * (clock_s(b) - t0);
             avg->step_ms = isnan(avg->step_ms) ? ms : 0.7 * avg->step_ms + 0.3 * ms;
@@ -206,6 +211,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
         block_ids[0] = next;
         memcpy(block_ids + 1, drafts, (size_t)K * sizeof *drafts);
         int32_t rows[FM_MAX_BLOCK + 1];
+        if (penalized) b->set_generated(b->ctx, o.ids, o.n);
         if (b->eval(b->ctx, block_ids, K + 1, 1, rows, err, errlen)) goto done;
         const double t2 = clock_s(b);
         int acc = 0;

@@ -115,29 +115,54 @@ static void check_spec_equals_plain(const fm_decode_backend *G, const int32_t *p
  * the same logits rows; then plain decoding with a seed, and speculative == plain for every verify mode. */
 static void check_sampling(const fm_decode_backend *G, fm_cuda_backend *gb, const int32_t *prompt, int NP,
                            int V, const char *what) {
-    /* top-k tiers; the chunk draw (with min-p); top-p tiers */
-    const fm_sampling settings[] = {
-        {0.8f, 40, 0.95f, 0, 77}, {1.5f, 0, 1, 0.02f, 78}, {1.0f, 0, 0.9f, 0, 79}};
+    /* top-k tiers; the chunk draw (with min-p); top-p tiers; then penalties, sampled and greedy */
+    const fm_sampling settings[] = {{0.8f, 40, 0.95f, 0, 77, 0, 0},
+                                    {1.5f, 0, 1, 0.02f, 78, 0, 0},
+                                    {1.0f, 0, 0.9f, 0, 79, 0, 0},
+                                    {0.8f, 0, 0.9f, 0, 80, 1.5f, 0.5f},
+                                    {0, 0, 1, 0, 0, 1.0f, 0.3f}};
+    enum { N_SETTINGS = sizeof settings / sizeof settings[0], N_GEN = 12 };
     const int R = NP < 24 ? NP : 24; /* rows of one forward (the tiny backends take 32) */
     char err[512] = "";
-    float *rows = malloc(sizeof(float) * (size_t)NP * V);
+    float *plain_rows = malloc(sizeof(float) * (size_t)NP * V);
     fm_candidate *scratch = malloc(sizeof(fm_candidate) * (size_t)V);
+    int *counts = calloc((size_t)V, sizeof(int));
+    fm_penalty list[64];
     int32_t *am = malloc(sizeof(int32_t) * (size_t)NP);
-    for (int k = 0; k < 3; k++) {
+    int32_t gen[N_GEN]; /* a history for the penalties: the rows' own argmaxes, so that they move */
+    const fm_sampling greedy = {0, 0, 1, 0, 0, 0, 0};
+    /* The rows without penalties, then each setting's draws on the GPU against the host's on them. */
+    G->reset(G->ctx);
+    int rc0 = G->set_sampling(G->ctx, &greedy, err, sizeof err) ||
+              G->eval(G->ctx, prompt, R, 1, am, err, sizeof err) || fm_cuda_debug_logits(gb, plain_rows, R);
+    for (int i = 0; i < N_GEN; i++) gen[i] = am[i % R];
+    for (int k = 0; k < N_SETTINGS; k++) {
         const fm_sampling *s = &settings[k];
+        const int pen = fm_sampling_penalized(s);
         G->reset(G->ctx);
-        int rc = G->set_sampling(G->ctx, s, err, sizeof err) ||
-                 G->eval(G->ctx, prompt, R, 1, am, err, sizeof err) || fm_cuda_debug_logits(gb, rows, R);
+        int rc = rc0 || G->set_sampling(G->ctx, s, err, sizeof err);
+        if (pen) G->set_generated(G->ctx, gen, N_GEN);
+        rc = rc || G->eval(G->ctx, prompt, R, 1, am, err, sizeof err);
         int same = 0, moved = 0;
         for (int t = 0; t < R && !rc; t++) {
-            const int32_t host = fm_sample_row(rows + (size_t)t * V, V, s, t, scratch);
-            same += host == am[t];
-            moved += am[t] != fm_sample_row(rows + (size_t)t * V, V, &(fm_sampling){0}, t, scratch);
+            float *row = plain_rows + (size_t)t * V;
+            const int32_t top = fm_sample_row(row, V, &greedy, t, scratch);
+            if (pen)
+                fm_sample_penalize(row, s, gen, N_GEN, prompt + 1, t, counts,
+                                   list); /* drafts ahead: ids 1..t */
+            same += fm_sample_row(row, V, s, t, scratch) == am[t];
+            moved += am[t] != top;
         }
-        CHECK(!rc && same == R, "%s: sampled T=%g: GPU draws == host draws on the same rows: %d / %d (%s)",
-              what, (double)s->temperature, same, R, err);
-        CHECK(!rc && moved > 0, "%s: sampled T=%g: %d of %d draws differ from the argmax", what,
-              (double)s->temperature, moved, R);
+        /* plain_rows now hold penalised rows: read the plain ones again for the next setting */
+        G->reset(G->ctx);
+        rc0 = G->set_sampling(G->ctx, &greedy, err, sizeof err) ||
+              G->eval(G->ctx, prompt, R, 1, am, err, sizeof err) || fm_cuda_debug_logits(gb, plain_rows, R);
+        CHECK(!rc && same == R,
+              "%s: T=%g, penalties %g/%g: GPU draws == host draws on the same rows: %d / %d (%s)", what,
+              (double)s->temperature, (double)s->presence_penalty, (double)s->frequency_penalty, same, R,
+              err);
+        CHECK(!rc && moved > 0, "%s: T=%g, penalties %g/%g: %d of %d draws differ from the argmax", what,
+              (double)s->temperature, (double)s->presence_penalty, (double)s->frequency_penalty, moved, R);
         fm_generate_params p;
         fm_generate_stats st;
         hx_params(&p, 96);
@@ -146,14 +171,14 @@ static void check_sampling(const fm_decode_backend *G, fm_cuda_backend *gb, cons
         int ng = 0;
         run(G, prompt, NP, &p, &ig, &ng, &st);
         const int modes[] = {0, 1, 7, 16};
-        char label[64];
-        snprintf(label, sizeof label, "%s sampled T=%g", what, (double)s->temperature);
+        char label[96];
+        snprintf(label, sizeof label, "%s T=%g penalties %g/%g", what, (double)s->temperature,
+                 (double)s->presence_penalty, (double)s->frequency_penalty);
         check_spec_equals_plain(G, prompt, NP, ig, ng, modes, 4, label, s);
         free(ig);
     }
-    const fm_sampling greedy = {0, 0, 1, 0, 0};
     G->set_sampling(G->ctx, &greedy, err, sizeof err);
-    free(rows), free(scratch), free(am);
+    free(plain_rows), free(scratch), free(counts), free(am);
 }
 
 /* A draft of n_out <= 8 runs the head, lm_head and argmax for 8 slots only (a graph of its own): its ids and
@@ -659,8 +684,10 @@ static void full_size_report(const char *dir) {
          * tiers (T 0.3), top-k tiers, and top-p on rows so flat that its tiers hold more than the GPU brings
          * back (T 1.5, top-p 0.95: read whole). Each must draw what the host draws from the whole row. */
         fm_candidate *scratch = malloc(sizeof(fm_candidate) * (size_t)V);
-        const fm_sampling modes[] = {
-            {1.5f, 0, 1, 0, 9}, {0.3f, 0, 0.9f, 0, 9}, {0.7f, 20, 0.8f, 0, 9}, {1.5f, 0, 0.95f, 0, 9}};
+        const fm_sampling modes[] = {{1.5f, 0, 1, 0, 9, 0, 0},
+                                     {0.3f, 0, 0.9f, 0, 9, 0, 0},
+                                     {0.7f, 20, 0.8f, 0, 9, 0, 0},
+                                     {1.5f, 0, 0.95f, 0, 9, 0, 0}};
         for (int k = 0; k < 4 && scratch; k++) {
             const fm_sampling *sp = &modes[k];
             G.reset(G.ctx);
@@ -672,7 +699,7 @@ static void full_size_report(const char *dir) {
             CHECK(!src && same == NR, "full-size: sampled T=%g: GPU draws == host draws: %d / %d (%s)",
                   (double)sp->temperature, same, NR, err);
         }
-        const fm_sampling greedy = {0, 0, 1, 0, 0};
+        const fm_sampling greedy = {0, 0, 1, 0, 0, 0, 0};
         G.set_sampling(G.ctx, &greedy, err, sizeof err);
         free(scratch);
     }
