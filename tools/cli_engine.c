@@ -45,7 +45,8 @@ void cli_json_add_sampling(cJSON *obj, const fm_sampling *sp) {
     cJSON_AddNumberToObject(s, "top_p", short_float(sp->top_p));
     cJSON_AddNumberToObject(s, "min_p", short_float(sp->min_p));
     cJSON_AddRawToObject(s, "seed", seed);
-    if (sp->presence_penalty != 0) cJSON_AddNumberToObject(s, "presence_penalty", short_float(sp->presence_penalty));
+    if (sp->presence_penalty != 0)
+        cJSON_AddNumberToObject(s, "presence_penalty", short_float(sp->presence_penalty));
     if (sp->frequency_penalty != 0)
         cJSON_AddNumberToObject(s, "frequency_penalty", short_float(sp->frequency_penalty));
 }
@@ -55,7 +56,8 @@ static int sampling_opt(const char *cmd, int argc, char **argv, int *i, cli_engi
     const char *a = argv[*i];
     const int is_temp = !strcmp(a, "--temp") || !strcmp(a, "--temperature"), is_k = !strcmp(a, "--top-k"),
               is_p = !strcmp(a, "--top-p"), is_min = !strcmp(a, "--min-p"), is_seed = !strcmp(a, "--seed"),
-              is_presence = !strcmp(a, "--presence-penalty"), is_frequency = !strcmp(a, "--frequency-penalty");
+              is_presence = !strcmp(a, "--presence-penalty"),
+              is_frequency = !strcmp(a, "--frequency-penalty");
     if (!(is_temp || is_k || is_p || is_min || is_seed || is_presence || is_frequency)) return 0;
     const char *v = cli_value(cmd, argc, argv, i);
     if (!v) return -1;

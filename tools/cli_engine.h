@@ -32,9 +32,9 @@ enum { CLI_ENGINE_NO_DEVICE = 1u, CLI_ENGINE_NO_CTX = 2u, CLI_ENGINE_NO_SAMPLING
     "  --top-k N         keep the N most likely tokens (default 0: all)\n"                                   \
     "  --top-p P         keep the most likely tokens up to probability P (default 1: all)\n"                 \
     "  --min-p P         drop tokens less likely than P x the most likely one (default 0: off)\n"            \
-    "  --seed N          sampling seed (default: a random one, printed with the stats)\n"                  \
-    "  --presence-penalty P, --frequency-penalty P\n"                                                       \
-    "                    OpenAI's penalties over the tokens generated so far, greedy or sampled: a token\n" \
+    "  --seed N          sampling seed (default: a random one, printed with the stats)\n"                    \
+    "  --presence-penalty P, --frequency-penalty P\n"                                                        \
+    "                    OpenAI's penalties over the tokens generated so far, greedy or sampled: a token\n"  \
     "                    loses P once it has appeared / P per appearance ([-2, 2], default 0)\n"
 
 /* A seed for a sampled generation that was given none (from the OS's random source). */

@@ -20,17 +20,19 @@
 
 static void usage(FILE *f) {
     fprintf(
-        f, "usage: flashmap chat [-m TARGET.gguf] [-d DRAFTER] [--system TEXT] [--no-think] [-n N] [-t N]\n"
-           "                     [--ctx N] [--no-spec] [--verify adaptive|K] [--no-fallback]\n"
-           "                     [--device cpu|cuda|auto] [--draft-weights auto|q8_0|stored] [--mmap]\n"
-           "                     [--temp T] [--top-k N] [--top-p P] [--min-p P] [--seed N]\n\n"
-           "Reads one user message per line from stdin; an empty line or end of input ends the chat.\n"
-           "The KV cache (and the drafter's context) carries over between turns. -n N caps each reply\n"
-           "(default 1024); the other options are generate's (see flashmap generate --help); without -m:\n"
-           "the cached pinned models (flashmap pull).\n\n"
-           "Unlike generate, chat samples by default with Qwen3's suggested settings: --temp 0.6 --top-k 20\n"
-           "--top-p 0.95, or with --no-think --temp 0.7 --top-k 20 --top-p 0.8 (greedy decoding can repeat\n"
-           "itself in thinking mode). Any sampling option replaces them all; --temp 0 is greedy.\n");
+        f,
+        "usage: flashmap chat [-m TARGET.gguf] [-d DRAFTER] [--system TEXT] [--no-think] [-n N] [-t N]\n"
+        "                     [--ctx N] [--no-spec] [--verify adaptive|K] [--no-fallback]\n"
+        "                     [--device cpu|cuda|auto] [--draft-weights auto|q8_0|stored] [--mmap]\n"
+        "                     [--temp T] [--top-k N] [--top-p P] [--min-p P] [--seed N]\n\n"
+        "Reads one user message per line from stdin; an empty line or end of input ends the chat.\n"
+        "The KV cache (and the drafter's context) carries over between turns. -n N caps each reply\n"
+        "(default 1024); the other options are generate's (see flashmap generate --help); without -m:\n"
+        "the cached pinned models (flashmap pull).\n\n"
+        "Unlike generate, chat samples by default with Qwen3's suggested settings: --temp 0.6 --top-k 20\n"
+        "--top-p 0.95, or with --no-think --temp 0.7 --top-k 20 --top-p 0.8 (greedy decoding can repeat\n"
+        "itself in thinking mode). Any of --temp, --top-k, --top-p, --min-p replaces them all (--seed and\n"
+        "the penalties do not); --temp 0 is greedy.\n");
 }
 
 static int print_tokens(void *user, const int32_t *ids, int n) {
@@ -90,8 +92,13 @@ int cmd_chat(int argc, char **argv) {
     gp.fallback = eo.fallback;
     gp.sampling = eo.sampling;
     if (!eo.sampling_given) {
-        const fm_sampling suggested = {think ? 0.6f : 0.7f, 20,   think ? 0.95f : 0.8f, 0, eo.sampling.seed,
-                                       eo.sampling.presence_penalty, eo.sampling.frequency_penalty};
+        const fm_sampling suggested = {think ? 0.6f : 0.7f,
+                                       20,
+                                       think ? 0.95f : 0.8f,
+                                       0,
+                                       eo.sampling.seed,
+                                       eo.sampling.presence_penalty,
+                                       eo.sampling.frequency_penalty};
         gp.sampling = suggested;
     }
     if (gp.sampling.temperature > 0 && !eo.seed_given) gp.sampling.seed = cli_random_seed();

@@ -86,8 +86,7 @@ static int check_off_number(const cJSON *o, const char *name, double ok1, double
 /* Features the engine does not have: refused when set to anything but their "off" value. */
 static int check_unsupported(const cJSON *o, serve_error *err) {
     static const char *no_penalty = "flashmap serve has presence_penalty and frequency_penalty only";
-    if (check_off_number(o, "repetition_penalty", 1, 1, "1", no_penalty, err))
-        return -1;
+    if (check_off_number(o, "repetition_penalty", 1, 1, "1", no_penalty, err)) return -1;
     static const char *one = "flashmap serve returns one choice per request";
     if (check_off_number(o, "n", 1, 1, "1", one, err) || check_off_number(o, "best_of", 1, 1, "1", one, err))
         return -1;
@@ -127,8 +126,8 @@ static int get_float(const cJSON *o, const char *name, double lo, int lo_open, d
     return 0;
 }
 
-/* temperature, top_k, top_p, min_p, the penalties and seed, over the server's defaults. A sampled request without a seed
- * uses serve --seed, else a fresh random one (reported in the reply, so it can be given back). */
+/* temperature, top_k, top_p, min_p, the penalties and seed, over the server's defaults. A sampled request
+ * without a seed uses serve --seed, else a fresh random one (reported in the reply, to be given back). */
 static int parse_sampling(const cJSON *o, const serve_sampling_defaults *def, serve_request *r,
                           serve_error *err) {
     fm_sampling *s = &r->sampling;
