@@ -39,7 +39,8 @@ static void sample_task(void *ctx, int64_t begin, int64_t end, int thread) {
     const sample_job *j = ctx;
     const fm_cpu_backend *b = j->b;
     const int vocab = b->model->hp.vocab;
-    fm_candidate *scratch = b->candidates + (size_t)thread * vocab;
+    /* No candidates when greedy with penalties (fm_sample_row then reads none). */
+    fm_candidate *scratch = b->candidates ? b->candidates + (size_t)thread * vocab : NULL;
     for (int64_t r = begin; r < end; r++) {
         float *row = j->logits + r * vocab;
         if (j->penalize)
