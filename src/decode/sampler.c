@@ -1,7 +1,8 @@
 /* sampler.c: greedy choice and seeded draws from a row of logits (sampler.h). The filters follow Hugging
  * Face's logits warpers in their order (temperature, top-k, top-p, min-p), computed in double in a fixed
- * order of the candidates (by id; by logit, ties by id, where top-p needs it), so one row always gives one
- * token, on any thread count and whatever order the candidates came in. */
+ * order of the candidates (by id; by logit, ties by id, where top-p needs it); the draw is the Gumbel-max of
+ * what they keep (sample_noise.h). So one row always gives one token, on any thread count and whatever order
+ * the candidates came in. Also the penalties' lists, which every backend applies. */
 #include "decode/sampler.h"
 
 #include <math.h>
