@@ -707,15 +707,15 @@ static int sample_rows(fm_cuda_backend *b, const float *logits, const unsigned l
             continue;
         }
         const fmc_candidate *c = b->h_cand + (size_t)r * SAMPLE_CAP;
-        int nc = b->h_cnt[r];
+        const int nc = b->h_cnt[r];
         if (nc > SAMPLE_CAP ||
             nc < 0) { /* more candidates than came back; top-p's cut beyond the GPU's reach */
             CK(cudaMemcpy(b->h_row, logits + (size_t)r * b->vocab, (size_t)b->vocab * 4,
                           cudaMemcpyDeviceToHost));
-            nc = fm_sample_gather(b->h_row, b->vocab, sp->temperature, b->cand);
-        } else {
-            for (int i = 0; i < nc; i++) b->cand[i] = fm_candidate{c[i].logit, c[i].id, 0};
+            out[r] = fm_sample_row(b->h_row, b->vocab, sp, pos0 + r, b->cand);
+            continue;
         }
+        for (int i = 0; i < nc; i++) b->cand[i] = fm_candidate{c[i].logit, c[i].id, 0};
         out[r] = nc > 0 ? fm_sample_pick(b->cand, nc, sp, fm_sample_row_key(sp->seed, pos0 + r))
                         : 0; /* a row of NaN */
     }

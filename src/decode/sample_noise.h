@@ -11,29 +11,19 @@
 #include <math.h>
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define FM_SAMPLE_HD __host__ __device__
-#else
-#define FM_SAMPLE_HD
-#endif
+#include "core/rng.h"
 
-/* splitmix64's finaliser. */
-static inline FM_SAMPLE_HD uint64_t fm_sample_mix(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+#define FM_SAMPLE_HD FM_RNG_HD
 
 /* The key of the draw of the token after position pos. */
 static inline FM_SAMPLE_HD uint64_t fm_sample_row_key(uint64_t seed, int pos) {
-    return fm_sample_mix(seed ^ ((uint64_t)(uint32_t)pos * 0xd1b54a32d192ed03ull));
+    return fm_splitmix64_mix(seed ^ ((uint64_t)(uint32_t)pos * 0xd1b54a32d192ed03ull));
 }
 
 /* A token's score in the draw with that key (the largest score is drawn; ties to the lower id). */
 static inline FM_SAMPLE_HD float fm_sample_score(float logit, float max, double temperature, uint64_t key,
                                                  int32_t id) {
-    const uint64_t z = fm_sample_mix(key ^ ((uint64_t)(uint32_t)id * 0x8cb92ba72f3d8dd7ull));
+    const uint64_t z = fm_splitmix64_mix(key ^ ((uint64_t)(uint32_t)id * 0x8cb92ba72f3d8dd7ull));
     const double u = ((double)(z >> 11) + 0.5) * 0x1.0p-53;
     return (float)(((double)logit - max) / temperature - log(-log(u)));
 }

@@ -115,13 +115,18 @@ static int nucleus(fm_candidate *c, int n, float m, double width, double limit) 
     return g;
 }
 
-/* Applies the filters to c[0..n); returns how many remain at its front, w set. Candidates may come in any
- * order (the GPU gathers them in any): every sum runs in id order, or by descending logit within top-p's
- * crossing tier, so the kept set depends on the candidate set alone. */
-static int filter(fm_candidate *c, int n, const fm_sampling *s) {
+static float max_logit(const fm_candidate *c, int n) {
     float m = c[0].logit;
     for (int i = 1; i < n; i++)
         if (c[i].logit > m) m = c[i].logit;
+    return m;
+}
+
+/* Applies the filters to c[0..n) (largest logit m); returns how many remain at its front, their w set when
+ * top-p is on or with_w (the draw needs none). Candidates may come in any order (the GPU gathers them in
+ * any): every sum runs in id order, or by descending logit within top-p's crossing tier, so the kept set
+ * depends on the candidate set alone. */
+static int filter(fm_candidate *c, int n, const fm_sampling *s, float m, int with_w) {
     const double t = s->temperature;
     int kept = 0;
     for (int i = 0; i < n; i++)
@@ -153,11 +158,13 @@ static int filter(fm_candidate *c, int n, const fm_sampling *s) {
             if (c[i].logit >= vk) c[kept++] = c[i];
         n = kept;
     }
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += c[i].w = exp(((double)c[i].logit - m) / t);
-    /* Top-p keeps a token while the mass of those before it is under top_p (HF: its ascending cumulative
-     * probability, itself included, exceeds 1 - top_p); the first always stays. */
-    if (fm_sampling_top_p_on(s)) n = nucleus(c, n, m, (FM_SAMPLE_RANGE + 1) * t, (double)s->top_p * sum);
+    if (fm_sampling_top_p_on(s) || with_w) {
+        double sum = 0;
+        for (int i = 0; i < n; i++) sum += c[i].w = exp(((double)c[i].logit - m) / t);
+        /* Top-p keeps a token while the mass of those before it is under top_p (HF: its ascending
+         * cumulative probability, itself included, exceeds 1 - top_p); the first always stays. */
+        if (fm_sampling_top_p_on(s)) n = nucleus(c, n, m, (FM_SAMPLE_RANGE + 1) * t, (double)s->top_p * sum);
+    }
     if (s->min_p > 0) {
         /* w >= min_p x the most likely token's exp(0) = 1, as a comparison of logits (what a GPU kernel
          * computes bit for bit; it never drops the most likely token). */
@@ -171,10 +178,8 @@ static int filter(fm_candidate *c, int n, const fm_sampling *s) {
 }
 
 int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, uint64_t key) {
-    float m = c[0].logit;
-    for (int i = 1; i < n; i++)
-        if (c[i].logit > m) m = c[i].logit;
-    n = filter(c, n, s);
+    const float m = max_logit(c, n);
+    n = filter(c, n, s, m, 0);
     /* Gumbel-max over the kept tokens (sample_noise.h). */
     int32_t best = c[0].id;
     float best_score = fm_sample_score(c[0].logit, m, s->temperature, key, c[0].id);
@@ -187,7 +192,7 @@ int32_t fm_sample_pick(fm_candidate *c, int n, const fm_sampling *s, uint64_t ke
 
 int fm_sample_distribution(fm_candidate *c, int n, const fm_sampling *s, int32_t *ids, double *p,
                            int *n_out) {
-    n = filter(c, n, s);
+    n = filter(c, n, s, max_logit(c, n), 1);
     double sum = 0;
     for (int i = 0; i < n; i++) sum += c[i].w;
     for (int i = 0; i < n; i++) ids[i] = c[i].id, p[i] = c[i].w / sum;
