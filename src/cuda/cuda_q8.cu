@@ -211,6 +211,27 @@ template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_g
 
 typedef void (*q8_kernel)(const q8_args);
 
+/* Blocks an SM may hold of a narrow launch: -1 (default) the fewest that hold the grid in one wave, 0 as many
+ * as fit, n > 0 at most n (FMC_Q8_MAXB, for experiments). */
+static int g_maxb = -1;
+/* Shared memory of an SM, and what a block takes besides its dynamic share (the reserved 1 KB on sm_80/90
+ * and at most 1.5 KB of static shared memory in these kernels). */
+static size_t g_sm_bytes = (size_t)228 * 1024, g_block_extra = 2560;
+
+/* A narrow launch's shared memory, grown (never shrunk) so that at most the cap of its blocks fit an SM. The
+ * block scheduler does not spread a one-wave grid evenly by itself: the step's qkv product (384 blocks, 5 fit
+ * an SM by shared memory) ran in 13.1 us, held to 3 an SM in 10.6-10.9 us (H200, bench_cuda, kernel alone),
+ * and the plain step went 2.70 -> 2.58 ms. Grids that fill their SMs anyway (wo, gate/up, down: 608-640
+ * blocks, 5 an SM) are left as they are: padding them cost the step 4 % (it leaves no room for the next
+ * kernel's blocks, which PDL starts early). */
+static size_t q8_pad(size_t smem, unsigned blocks) {
+    const unsigned sms = (unsigned)fmc_sm_count(), fit = (unsigned)(g_sm_bytes / (smem + g_block_extra));
+    const unsigned cap = g_maxb < 0 ? (blocks + sms - 1) / sms : (unsigned)g_maxb;
+    if (cap == 0 || cap >= fit || blocks > cap * sms) return smem;
+    const size_t room = g_sm_bytes / cap - g_block_extra;
+    return room < Q8_SMEM_LIMIT ? room : Q8_SMEM_LIMIT;
+}
+
 static q8_kernel q8_pick(int NT, int mode) {
 #define X(nt, m)                                                                                             \
     if (NT == nt && mode == m) return k_q8_gemm<nt, m>;
@@ -226,6 +247,16 @@ int fmc_q8_init(void) {
                                 Q8_SMEM_LIMIT) != cudaSuccess;
     Q8_KERNELS(X)
 #undef X
+    const char *e = getenv("FMC_Q8_MAXB");
+    if (e) g_maxb = atoi(e);
+    int dev = 0, sm = 0, reserved = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) == cudaSuccess &&
+        sm > 0) {
+        g_sm_bytes = (size_t)sm;
+        g_block_extra = (size_t)reserved + 1536;
+    }
     return bad || q8_wide_init() ? -1 : 0;
 }
 
@@ -252,7 +283,7 @@ static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float 
     const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
     const int NT = (T + 7) / 8;
     fmc_launch(q8_pick(NT, mode), dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
-               q8_smem(&w->sp, NT, mode), s, pdl, a);
+               q8_pad(q8_smem(&w->sp, NT, mode), groups * w->sp.kc), s, pdl, a);
 }
 
 void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, int add, float *y2,
