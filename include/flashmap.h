@@ -150,6 +150,12 @@ typedef struct {
     /* OpenAI's penalties over the tokens generated so far in this call (greedy or sampled): a token's logit
      * loses presence_penalty once it has appeared and frequency_penalty per appearance. [-2, 2]; 0: off. */
     float presence_penalty, frequency_penalty;
+    /* Hugging Face's and vLLM's repetition penalty over the whole sequence before the row (the prompt, a
+     * session's earlier turns and the tokens generated so far), or its last repeat_last_n tokens (llama.cpp's
+     * window; 0: all): a token that appeared there has its logit divided by repetition_penalty when positive,
+     * multiplied by it otherwise, before the presence and frequency penalties. (0, 10]; 0 or 1: off. */
+    float repetition_penalty;
+    int repeat_last_n;
 } fm_sampling;
 
 /* Called with the new tokens as they are produced; return non-zero to stop early. */

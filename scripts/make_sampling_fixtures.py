@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """make_sampling_fixtures.py: what Hugging Face transformers' sampling keeps of a row of logits, for
 tests/test_sampler.c. The engine's sampler (src/decode/sampler.c) must keep the same tokens with the same
-probabilities for the same temperature / top-k / top-p / min-p.
+probabilities for the same temperature / top-k / top-p / min-p, and give the same penalised logits as
+RepetitionPenaltyLogitsProcessor for the same sequence and repetition penalty.
 
 How to run (seconds; needs numpy, torch, transformers):
     python3 scripts/make_sampling_fixtures.py        # rewrites tests/fixtures/sampling/cases.json
@@ -22,6 +23,7 @@ import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -93,7 +95,8 @@ def main():
         (0.9, 0, 0.3, 0.0),
     ]
     cases, logits = [], {}
-    for name, row in rows(rng):
+    all_rows = rows(rng)
+    for name, row in all_rows:
         logits[name] = [float(v) if np.isfinite(v) else None for v in row]  # None: -inf
         for t, k, p, min_p in settings:
             if ambiguous_top_p_cut(row[np.isfinite(row)], t, k, p):
@@ -113,12 +116,22 @@ def main():
                     "probs": [float(probs[i]) for i in ids],
                 }
             )
+    # The repetition penalty: HF's processor on a row, given the sequence so far (input_ids); the engine must
+    # give the same float32 values bit for bit (tests/test_sampler.c).
+    repetition = []
+    for name, row in all_rows:
+        for penalty in (1.1, 1.3, 0.7, 2.0):
+            context = rng.integers(0, len(row), size=int(rng.integers(1, 40))).tolist()
+            context += context[:3]  # repeated tokens count once
+            out = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([context]), torch.tensor(row[None, :]))[0]
+            repetition.append({"row": name, "penalty": penalty, "context": context,
+                               "out": [float(v) if np.isfinite(v) else None for v in out.numpy()]})
     with open(OUT, "w") as f:
         json.dump({"generator": "transformers %s, torch %s" % (__import__("transformers").__version__,
                                                               torch.__version__),
-                   "rows": logits, "cases": cases}, f)
+                   "rows": logits, "cases": cases, "repetition": repetition}, f)
         f.write("\n")
-    print("wrote %d cases to %s" % (len(cases), os.path.relpath(OUT)))
+    print("wrote %d cases and %d repetition cases to %s" % (len(cases), len(repetition), os.path.relpath(OUT)))
 
 
 if __name__ == "__main__":

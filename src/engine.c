@@ -195,6 +195,7 @@ void fm_session_free(fm_session *s) {
 #ifdef FLASHMAP_HAVE_CUDA
     fm_cuda_backend_free(s->cuda);
 #endif
+    free(s->tokens);
     free(s);
 }
 
@@ -202,6 +203,7 @@ void fm_session_reset(fm_session *s) {
     s->backend.reset(s->backend.ctx);
     fm_decode_averages_reset(&s->avg);
     s->has_next = 0;
+    s->n_tokens = 0;
 }
 
 int fm_session_pos(const fm_session *s) {
@@ -217,6 +219,22 @@ int fm_session_truncate(fm_session *s, int n, char *err, size_t errlen) {
      * drafter's context rows from n on are rewritten by the next prefill before any draft reads them. */
     s->backend.rewind(s->backend.ctx, n);
     s->has_next = 0;
+    s->n_tokens = n;
+    return 0;
+}
+
+/* Appends ids to the conversation's tokens. */
+static int remember(fm_session *s, const int32_t *ids, int n) {
+    if (n <= 0) return 0;
+    if (s->n_tokens + n > s->cap_tokens) {
+        int cap = s->cap_tokens ? s->cap_tokens : 256;
+        while (cap < s->n_tokens + n) cap *= 2;
+        int32_t *t = realloc(s->tokens, (size_t)cap * sizeof *t);
+        if (!t) return -1;
+        s->tokens = t, s->cap_tokens = cap;
+    }
+    memcpy(s->tokens + s->n_tokens, ids, (size_t)n * sizeof *ids);
+    s->n_tokens += n;
     return 0;
 }
 
@@ -245,10 +263,24 @@ int fm_session_generate(fm_session *s, const int32_t *ids, int n_ids, const fm_g
         }
     int32_t *gen = NULL;
     int n_gen = 0;
-    int rc =
-        fm_decode_run(&s->backend, &s->avg, all, n, p, is_stop_token, s->e, &gen, &n_gen, stats, err, errlen);
+    /* The tokens in the cache (the pending one, last of the conversation, goes first in `all`). */
+    const int n_before = s->n_tokens - s->has_next, pos0 = s->backend.pos(s->backend.ctx);
+    int rc = fm_decode_run(&s->backend, &s->avg, s->tokens, n_before, all, n, p, is_stop_token, s->e, &gen,
+                           &n_gen, stats, err, errlen);
+    if (rc && s->backend.pos(s->backend.ctx) == pos0) { /* refused before anything was fed: as it was */
+        free(all);
+        free(gen);
+        return rc;
+    }
+    s->n_tokens = n_before;
+    if (rc || remember(s, all, n) || remember(s, gen, n_gen)) {
+        free(all);
+        free(gen);
+        /* Part of the input went into the cache: start the conversation over rather than guess. */
+        fm_session_reset(s);
+        return rc ? rc : fm_set_error(err, errlen, "out of memory for the conversation's tokens");
+    }
     free(all);
-    if (rc) return rc;
     if (n_gen > 0) {
         s->has_next = 1;
         s->next = gen[n_gen - 1];

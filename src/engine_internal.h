@@ -31,6 +31,10 @@ struct fm_session {
     fm_decode_averages avg;
     int has_next; /* the last generated token is not in the cache yet */
     int32_t next;
+    /* The conversation: the fm_session_pos tokens fed and generated so far (the repetition penalty reads
+     * them). */
+    int32_t *tokens;
+    int n_tokens, cap_tokens;
 };
 
 /* engine_text.c: loads the tokenizer of the engine's GGUF (a missing one is remembered, not fatal). */

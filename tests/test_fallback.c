@@ -121,8 +121,8 @@ static int32_t *run_sim(fake *f, int speculative, int verify, const sim_spec *si
     char err[256] = "";
     f->pos = 0;
     memset(st, 0, sizeof *st);
-    const int rc =
-        fm_decode_run(&b, &avg, prompt, PROMPT, &p, never_stop, NULL, &out, &n_out, st, err, sizeof err);
+    const int rc = fm_decode_run(&b, &avg, NULL, 0, prompt, PROMPT, &p, never_stop, NULL, &out, &n_out, st,
+                                 err, sizeof err);
     CHECK(rc == 0 && n_out == n);
     return out;
 }

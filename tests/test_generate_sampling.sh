@@ -2,7 +2,7 @@
 # test_generate_sampling.sh: `flashmap generate`'s sampling options end to end on a tiny synthetic pair.
 # The same seed gives the same ids, speculative (every verify mode) or plain; another seed gives other ids;
 # --json reports the settings and the seed (as digits), a run without --seed draws and reports a fresh one
-# that reproduces it; temperature 0 is the greedy output; presence / frequency penalties change the ids and
+# that reproduces it; temperature 0 is the greedy output; presence / frequency / repetition penalties change the ids and
 # keep speculative == plain; bench refuses the options; bad values exit 2 with one line naming the option.
 set -u
 source "$(dirname "$0")/cli_pair.sh"
@@ -51,6 +51,21 @@ check "--json reports the penalties" python3 -c '
 import json,sys; s=json.load(open(sys.argv[1]))["stats"]["sampling"]
 sys.exit(0 if s["presence_penalty"] == 1.5 and s["frequency_penalty"] == 0.5 else 1)' "$tmp/pen_spec.json"
 
+# The repetition penalty (HF's, over the prompt too; llama.cpp's window): it changes the ids, speculative ==
+# plain, --repeat-last-n 0 turns it off, --json reports it.
+gen rep_plain --repeat-penalty 1.5 --no-spec
+gen rep_spec --repeat-penalty 1.5 --verify 16 --no-fallback
+gen rep_win_plain "${samp[@]}" --seed 42 --repeat-penalty 1.3 --repeat-last-n 4 --no-spec
+gen rep_win_spec "${samp[@]}" --seed 42 --repeat-penalty 1.3 --repeat-last-n 4
+gen rep_off --repeat-penalty 1.5 --repeat-last-n 0
+check "a repetition penalty changes the greedy ids" test "$(cat "$tmp/rep_plain.ids")" != "$(cat "$tmp/greedy.ids")"
+check "greedy with a repetition penalty: speculative == plain" cmp -s "$tmp/rep_plain.ids" "$tmp/rep_spec.ids"
+check "sampled with a repetition window: speculative == plain" cmp -s "$tmp/rep_win_plain.ids" "$tmp/rep_win_spec.ids"
+check "--repeat-last-n 0 turns it off" cmp -s "$tmp/rep_off.ids" "$tmp/greedy.ids"
+check "--json reports the repetition penalty" python3 -c '
+import json,sys; s=json.load(open(sys.argv[1]))["stats"]["sampling"]
+sys.exit(0 if s["repetition_penalty"] == 1.3 and s["repeat_last_n"] == 4 else 1)' "$tmp/rep_win_spec.json"
+
 # No --seed: a fresh one, reported as digits, and giving it back reproduces the ids.
 gen fresh "${samp[@]}"
 seed=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stats"]["sampling"]["seed"])' "$tmp/fresh.json")
@@ -73,7 +88,7 @@ check "chat --no-think uses the non-thinking settings" grep -qF "temperature 0.7
 
 # Bad values: exit 2, one line naming the option.
 for bad in "--temp -1" "--temp hot" "--top-p 0" "--top-p 1.5" "--min-p 1" "--top-k -3" "--seed -1" \
-  "--presence-penalty 3" "--frequency-penalty x"; do
+  "--presence-penalty 3" "--frequency-penalty x" "--repeat-penalty 0" "--repeat-penalty 11" "--repeat-last-n -2"; do
   "$cli" generate -m "$tmp/t.gguf" --prompt-ids 1 -n 1 $bad >/dev/null 2>"$tmp/bad.err"
   rc=$?
   opt=${bad%% *}

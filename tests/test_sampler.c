@@ -39,6 +39,36 @@ static int row_of(const cJSON *rows, const char *name, float *out) {
     return n;
 }
 
+/* HF's RepetitionPenaltyLogitsProcessor on a row given a sequence: the same float32 values, bit for bit. */
+static int g_repetition_cases;
+static void check_repetition_cases(const cJSON *root) {
+    const cJSON *rows = cJSON_GetObjectItem(root, "rows"), *c;
+    static float row[MAX_V], want[MAX_V];
+    static int counts[MAX_V];
+    static fm_penalty list[MAX_V];
+    static int32_t seq[MAX_V];
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "repetition")) {
+        const char *name = cJSON_GetObjectItem(c, "row")->valuestring;
+        const int V = row_of(rows, name, row);
+        int n = 0, same = 0;
+        const cJSON *v;
+        cJSON_ArrayForEach(v, cJSON_GetObjectItem(c, "context")) {
+            if (n < MAX_V) seq[n++] = v->valueint;
+        }
+        int nw = 0;
+        cJSON_ArrayForEach(v, cJSON_GetObjectItem(c, "out")) {
+            if (nw < MAX_V) want[nw++] = cJSON_IsNull(v) ? -INFINITY : (float)v->valuedouble;
+        }
+        fm_sampling s = {0};
+        s.repetition_penalty = (float)cJSON_GetObjectItem(c, "penalty")->valuedouble;
+        fm_sample_penalize(row, &s, seq, n, 0, NULL, 0, counts, list);
+        for (int i = 0; i < V; i++) same += memcmp(&row[i], &want[i], sizeof(float)) == 0;
+        CHECK_MSG(nw == V && same == V, "repetition %g on %s: %d of %d logits as HF's",
+                  (double)s.repetition_penalty, name, same, V);
+        g_repetition_cases++;
+    }
+}
+
 static int check_fixture(void) {
     const char *src = getenv("FM_SOURCE_DIR");
     char path[4096];
@@ -93,6 +123,7 @@ static int check_fixture(void) {
         CHECK_MSG(bad == 0, "case %d (%s): %d tokens differ from HF's", n_cases, name, bad);
         n_cases++;
     }
+    check_repetition_cases(root);
     cJSON_Delete(root);
     return n_cases;
 }
@@ -108,8 +139,9 @@ static void check_draw_frequencies(void) {
     static int count[V];
     uint64_t st = 99;
     for (int i = 0; i < V; i++) row[i] = (float)(4 * (fm_rng_uniform(&st) - 0.5));
-    const fm_sampling settings[] = {
-        {1.0f, 0, 1, 0, 5, 0, 0}, {0.7f, 20, 0.9f, 0, 6, 0, 0}, {1.5f, 0, 0.8f, 0.05f, 7, 0, 0}};
+    const fm_sampling settings[] = {{1.0f, 0, 1, 0, 5, 0, 0, 0, 0},
+                                    {0.7f, 20, 0.9f, 0, 6, 0, 0, 0, 0},
+                                    {1.5f, 0, 0.8f, 0.05f, 7, 0, 0, 0, 0}};
     for (int k = 0; k < 3; k++) {
         const fm_sampling *s = &settings[k];
         int n = 0;
@@ -140,7 +172,7 @@ static void check_invariance(void) {
     uint64_t st = 7;
     for (int i = 0; i < V; i++) row[i] = (float)(6 * (fm_rng_uniform(&st) - 0.5));
     row[123] = row[77]; /* a tie */
-    const fm_sampling s = {0.8f, 40, 0.95f, 0.02f, 0, 0, 0};
+    const fm_sampling s = {0.8f, 40, 0.95f, 0.02f, 0, 0, 0, 0, 0};
     const int nc = fm_sample_gather(row, V, s.temperature, cand);
     int same_order = 0, same_extra = 0;
     for (int t = 0; t < 200; t++) {
@@ -167,18 +199,18 @@ static void check_invariance(void) {
 
     /* Greedy: the argmax, ties to the lowest id. */
     row[300] = row[400] = 10;
-    const fm_sampling greedy = {0, 40, 0.5f, 0, 1, 0, 0};
+    const fm_sampling greedy = {0, 40, 0.5f, 0, 1, 0, 0, 0, 0};
     CHECK(fm_sample_row(row, V, &greedy, 5, NULL) == 300);
     row[400] = 9; /* no tie from here: HF's top-k 1 keeps every token tied with the first */
     /* A cold temperature draws the argmax too; top-k 1 always does. */
-    const fm_sampling cold = {0.01f, 0, 1, 0, 3, 0, 0}, k1 = {2.0f, 1, 1, 0, 3, 0, 0};
+    const fm_sampling cold = {0.01f, 0, 1, 0, 3, 0, 0, 0, 0}, k1 = {2.0f, 1, 1, 0, 3, 0, 0, 0, 0};
     int argmax_draws = 0;
     for (int pos = 0; pos < 100; pos++)
         argmax_draws +=
             fm_sample_row(row, V, &cold, pos, cand) == 300 && fm_sample_row(row, V, &k1, pos, cand) == 300;
     CHECK_MSG(argmax_draws == 100, "%d of 100", argmax_draws);
     /* A warm one draws other tokens. */
-    const fm_sampling warm = {1.0f, 0, 1, 0, 3, 0, 0};
+    const fm_sampling warm = {1.0f, 0, 1, 0, 3, 0, 0, 0, 0};
     int others = 0;
     for (int pos = 0; pos < 100; pos++) others += fm_sample_row(row, V, &warm, pos, cand) != 300;
     CHECK_MSG(others > 10, "only %d of 100 warm draws left the argmax (p about 0.3 each)", others);
@@ -205,7 +237,7 @@ static void check_coupling(void) {
     for (int i = 0; i < V; i++) p_row[i] = (float)(3 * (fm_rng_uniform(&st) - 0.5));
     for (int i = 0; i < V; i++) q_row[i] = p_row[i] + (float)(0.4 * (fm_rng_uniform(&st) - 0.5));
     for (int i = 0; i < V; i++) z_row[i] = (float)(8 * (fm_rng_uniform(&st) - 0.5)); /* unrelated */
-    const fm_sampling s = {1.0f, 0, 1, 0, 11, 0, 0};
+    const fm_sampling s = {1.0f, 0, 1, 0, 11, 0, 0, 0, 0};
     int same = 0, close = 0, unrelated = 0, argmax = 0;
     const int32_t q_top = fm_sample_row(q_row, V, &(fm_sampling){0}, 0, NULL);
     for (int pos = 0; pos < N; pos++) {
@@ -237,15 +269,50 @@ static void check_penalties(void) {
     fm_penalty list[7];
     for (int i = 0; i < V; i++) row[i] = want[i] = (float)i * 0.25f - 3;
     const int32_t gen[] = {4, 7, 4, 9, 4}, extra[] = {7, 11};
-    const fm_sampling s = {0.7f, 0, 1, 0, 1, 0.5f, 0.25f};
-    fm_sample_penalize(row, &s, gen, 5, extra, 2, counts, list);
+    const fm_sampling s = {0.7f, 0, 1, 0, 1, 0.5f, 0.25f, 0, 0};
+    fm_sample_penalize(row, &s, gen, 5, 5, extra, 2, counts, list);
     want[4] -= 0.5f + 0.25f * 3, want[7] -= 0.5f + 0.25f * 2, want[9] -= 0.5f + 0.25f,
         want[11] -= 0.5f + 0.25f;
     int same = 0, zero = 0;
     for (int i = 0; i < V; i++) same += row[i] == want[i], zero += counts[i] == 0;
     CHECK_MSG(same == V, "%d of %d logits as defined", same, V);
     CHECK(zero == V);
-    CHECK(fm_sampling_penalized(&s) && !fm_sampling_penalized(&(fm_sampling){0.7f, 0, 1, 0, 1, 0, 0}));
+    CHECK(fm_sampling_penalized(&s) && !fm_sampling_penalized(&(fm_sampling){0.7f, 0, 1, 0, 1, 0, 0, 0, 0}));
+}
+
+/* The repetition penalty: over the whole history (prompt, generated tokens, drafts ahead) or its last
+ * repeat_last_n tokens; a positive logit divided, the others multiplied, before presence / frequency. */
+static void check_repetition(void) {
+    enum { V = 40 };
+    float row[V], want[V];
+    int counts[V] = {0};
+    fm_penalty list[12];
+    for (int i = 0; i < V; i++) row[i] = want[i] = (float)i * 0.5f - 10; /* token 20 is 0 */
+    /* prompt 3 30 20 | generated 31 3 | a draft 36 */
+    const int32_t seq[] = {3, 30, 20, 31, 3}, extra[] = {36};
+    fm_sampling s = {0};
+    s.repetition_penalty = 2, s.presence_penalty = 0.5f;
+    fm_sample_penalize(row, &s, seq, 5, 2, extra, 1, counts, list);
+    want[3] = want[3] * 2 - 0.5f;   /* negative, in the prompt and generated */
+    want[30] = want[30] / 2;        /* positive, in the prompt only */
+    want[20] = 0;                   /* zero stays zero */
+    want[31] = want[31] / 2 - 0.5f; /* positive, generated */
+    want[36] = want[36] / 2 - 0.5f; /* a draft ahead of the row counts as generated */
+    int same = 0, zero = 0;
+    for (int i = 0; i < V; i++) same += row[i] == want[i], zero += counts[i] == 0;
+    CHECK_MSG(same == V, "%d of %d logits as defined (whole history)", same, V);
+    CHECK(zero == V);
+    /* the last 3 tokens only (31 3 36): 30 keeps its logit, 3 is still scaled and 31, 36 too */
+    for (int i = 0; i < V; i++) row[i] = want[i] = (float)i * 0.5f - 10;
+    s.presence_penalty = 0, s.repeat_last_n = 3;
+    fm_sample_penalize(row, &s, seq, 5, 2, extra, 1, counts, list);
+    want[3] *= 2, want[31] /= 2, want[36] /= 2;
+    same = 0;
+    for (int i = 0; i < V; i++) same += row[i] == want[i];
+    CHECK_MSG(same == V, "%d of %d logits as defined (last 3)", same, V);
+    /* off at 1: no entry */
+    s.repetition_penalty = 1, s.repeat_last_n = 0;
+    CHECK(!fm_sampling_penalized(&s) && fm_penalty_list(&s, seq, 5, 2, extra, 1, counts, list) == 0);
 }
 
 /* The noise: Gumbel scores of a flat row average the Euler-Mascheroni constant; keys differ by seed and by
@@ -262,19 +329,34 @@ static void check_noise(void) {
 
 static void check_settings(void) {
     char err[256];
-    const fm_sampling ok = {0.7f, 20, 0.8f, 0, 1, 0, 0}, greedy = {0, 0, 1, 0, 0, 0, 0}, zeroed = {0},
-                      zero_p = {1, 0, 0, 0, 0, 0, 0};
+    const fm_sampling ok = {0.7f, 20, 0.8f, 0, 1, 0, 0, 0, 0}, greedy = {0, 0, 1, 0, 0, 0, 0, 0, 0},
+                      zeroed = {0}, zero_p = {1, 0, 0, 0, 0, 0, 0, 0, 0};
     CHECK(fm_sampling_check(&ok, err, sizeof err) == 0);
     CHECK(fm_sampling_check(&zeroed, err, sizeof err) == 0);
     CHECK(fm_sampling_check(&zero_p, err, sizeof err) == 0 && !fm_sampling_top_p_on(&zero_p));
     CHECK(fm_sampling_check(&greedy, err, sizeof err) == 0);
-    const fm_sampling bad[] = {{-1, 0, 1, 0, 0, 0, 0},    {NAN, 0, 1, 0, 0, 0, 0},  {1, -2, 1, 0, 0, 0, 0},
-                               {1, 0, -0.5f, 0, 0, 0, 0}, {1, 0, 1.5f, 0, 0, 0, 0}, {1, 0, 1, 1, 0, 0, 0},
-                               {1, 0, 1, -0.1f, 0, 0, 0}, {0, 0, 1, 0, 0, 2.5f, 0}, {0, 0, 1, 0, 0, 0, NAN}};
-    static const char *const names[] = {
-        "temperature",      "temperature",      "top-k", "top-p", "top-p", "min-p", "min-p",
-        "presence penalty", "frequency penalty"};
-    for (int i = 0; i < 9; i++) {
+    const fm_sampling bad[] = {
+        {-1, 0, 1, 0, 0, 0, 0, 0, 0},    {NAN, 0, 1, 0, 0, 0, 0, 0, 0},  {1, -2, 1, 0, 0, 0, 0, 0, 0},
+        {1, 0, -0.5f, 0, 0, 0, 0, 0, 0}, {1, 0, 1.5f, 0, 0, 0, 0, 0, 0}, {1, 0, 1, 1, 0, 0, 0, 0, 0},
+        {1, 0, 1, -0.1f, 0, 0, 0, 0, 0}, {0, 0, 1, 0, 0, 2.5f, 0, 0, 0}, {0, 0, 1, 0, 0, 0, NAN, 0, 0},
+        {0, 0, 1, 0, 0, 0, 0, -1, 0},    {0, 0, 1, 0, 0, 0, 0, 11, 0},   {0, 0, 1, 0, 0, 0, 0, NAN, 0},
+        {0, 0, 1, 0, 0, 0, 0, 1e-5f, 0}, {0, 0, 1, 0, 0, 0, 0, 1.1f, -1}};
+    static const char *const names[] = {"temperature",
+                                        "temperature",
+                                        "top-k",
+                                        "top-p",
+                                        "top-p",
+                                        "min-p",
+                                        "min-p",
+                                        "presence penalty",
+                                        "frequency penalty",
+                                        "repetition penalty",
+                                        "repetition penalty",
+                                        "repetition penalty",
+                                        "repetition penalty",
+                                        "repeat-last-n"};
+    enum { N_BAD = sizeof bad / sizeof bad[0] };
+    for (int i = 0; i < N_BAD; i++) {
         err[0] = 0;
         CHECK_MSG(fm_sampling_check(&bad[i], err, sizeof err) != 0 && strstr(err, names[i]),
                   "setting %d: '%s'", i, err);
@@ -289,6 +371,9 @@ int main(void) {
     check_invariance();
     check_coupling();
     check_penalties();
+    printf("HF repetition cases: %d\n", g_repetition_cases);
+    CHECK_MSG(g_repetition_cases >= 20, "only %d repetition cases", g_repetition_cases);
+    check_repetition();
     check_noise();
     check_settings();
     return fm_test_report("test_sampler");

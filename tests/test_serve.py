@@ -446,6 +446,31 @@ def test_penalties(s):
     check(plain.stop() == 0, "the plain server's exit: %s" % plain.log())
 
 
+def test_repetition_penalty(s):
+    """repetition_penalty (vLLM's name; repeat_penalty, llama.cpp's, is the same) with llama.cpp's repeat_last_n:
+    it changes the greedy reply, repeat_last_n 0 turns it off, speculative == plain decoding with it, flashmap
+    reports it."""
+    base = {"prompt": "Hello world", "max_tokens": 40, "ignore_eos": True}
+    greedy = completion(s, base, "greedy")["choices"][0]["text"]
+    rep = dict(base, repetition_penalty=1.5)
+    r = completion(s, rep, "greedy with a repetition penalty")
+    check(r["choices"][0]["text"] != greedy, "the repetition penalty left the greedy reply as it was: %r" % greedy)
+    off = completion(s, dict(rep, repeat_last_n=0), "repeat_last_n 0")
+    check(off["choices"][0]["text"] == greedy, "repeat_last_n 0 should turn the penalty off: %r" % off)
+    alias = completion(s, dict(base, repeat_penalty=1.5), "repeat_penalty")
+    check(alias["choices"][0]["text"] == r["choices"][0]["text"], "repeat_penalty differs from repetition_penalty")
+    window = dict(base, repetition_penalty=1.3, repeat_last_n=6, temperature=0.8, seed=5)
+    w = completion(s, window, "sampled with a window")
+    sp = w["flashmap"]["sampling"]
+    check(sp.get("repetition_penalty") == 1.3 and sp.get("repeat_last_n") == 6, "flashmap sampling: %r" % sp)
+    plain = Server(["--no-spec"])
+    for what, body, ref in (("greedy", rep, r), ("sampled, a window", window, w)):
+        p = completion(plain, body, "plain server, " + what)
+        check(p["choices"][0]["text"] == ref["choices"][0]["text"], "%s: plain %r vs speculative %r"
+              % (what, p["choices"][0]["text"], ref["choices"][0]["text"]))
+    check(plain.stop() == 0, "the plain server's exit: %s" % plain.log())
+
+
 def test_sampling_seeds(s):
     """Different seeds, different texts; without a seed, a fresh one per request, reported and reusable."""
     base = {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "temperature": 1.5}
@@ -546,8 +571,10 @@ COMPLETION_ERRORS = [
     ({"prompt": "x", "presence_penalty": 2.5}, 400, ["'presence_penalty' must be from -2 to 2", "got 2.5"],
      "presence_penalty"),
     ({"prompt": "x", "frequency_penalty": "high"}, 400, ["'frequency_penalty' must be a number"], "frequency_penalty"),
-    ({"prompt": "x", "repetition_penalty": 1.1}, 400, ["'repetition_penalty' must be 1", "frequency_penalty only"],
-     "repetition_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, 400, ["'repetition_penalty' must be more than 0 and at most 10",
+                                                      "got 0"], "repetition_penalty"),
+    ({"prompt": "x", "repeat_penalty": 12}, 400, ["'repeat_penalty' must be more than 0"], "repeat_penalty"),
+    ({"prompt": "x", "repeat_last_n": -2}, 400, ["'repeat_last_n' must be from -1"], "repeat_last_n"),
     ({"prompt": "x", "logprobs": 5}, 400, ["'logprobs' is not supported"], "logprobs"),
     ({"prompt": "x", "echo": True}, 400, ["'echo' is not supported"], "echo"),
     ({"prompt": "x", "model": 7}, 400, ["'model' must be a string"], "model"),
@@ -796,8 +823,8 @@ def test_signals_stop_cleanly(_):
 
 TESTS = [test_health_and_models, test_completions_equal_generate, test_chat_equal_generate,
          test_chat_template_multi_turn, test_streaming, test_prompt_cache, test_stop_strings,
-         test_sampling_reproducible, test_penalties, test_sampling_seeds, test_sampling_greedy,
-         test_sampling_stream,
+         test_sampling_reproducible, test_penalties, test_repetition_penalty, test_sampling_seeds,
+         test_sampling_greedy, test_sampling_stream,
          test_request_errors, test_http_errors,
          test_concurrent_requests, test_clients_that_leave, test_port_in_use, test_usage_errors,
          test_signals_stop_cleanly]

@@ -1,6 +1,6 @@
 /* test_speculative.c: losslessness. Speculative output must equal plain output token for token, greedy or
- * sampled with the same seed (temperatures, top-k, top-p, min-p, presence and frequency penalties drawn per
- * case), for random tiny models
+ * sampled with the same seed (temperatures, top-k, top-p, min-p, presence, frequency and repetition
+ * penalties drawn per case), for random tiny models
  * (several weight types, tied and untied), random prompts, every verify mode, fallback on and off, extra stop
  * tokens, token limits from 1 to 200 and small context limits; and under simulated acceptance, where rounds
  * accept anything from 0 to all 16 drafts. A session cut back to a prefix of its
@@ -88,7 +88,9 @@ static int same(const result *a, const result *b) {
 }
 
 /* A conversation of prompt + reply, cut to k tokens, then continued by a new tail, must give the reply of a
- * fresh session to conversation[0..k) + tail: the kept KV rows and drafter context must be as good as new. */
+ * fresh session to conversation[0..k) + tail: the kept KV rows and drafter context must be as good as new,
+ * and so must the tokens the repetition penalty reads (on in about half the cases). */
+static int g_truncate_repeated;
 static int check_truncate(fm_engine *e, const fm_engine_info *info, const char *model, int n_cases) {
     char err[FM_ERRBUF_SIZE];
     fm_session *s = NULL;
@@ -104,6 +106,11 @@ static int check_truncate(fm_engine *e, const fm_engine_info *info, const char *
         p.speculative = (int)rnd(2);
         p.verify = (int)rnd(3) * 7; /* adaptive, 7, 14 */
         p.max_new_tokens = 1 + (int)rnd(60);
+        if (rnd(2)) {
+            p.sampling.repetition_penalty = 1.5f;
+            p.sampling.repeat_last_n = (int)rnd(2) * 8;
+            g_truncate_repeated++;
+        }
         result first = {0}, cont = {0}, fresh = {0};
         fm_session_reset(s);
         fm_generate_stats st;
@@ -143,7 +150,8 @@ static int check_truncate(fm_engine *e, const fm_engine_info *info, const char *
 
 int main(void) {
     char target[4096], drafter[4096], err[FM_ERRBUF_SIZE];
-    int accepted_hist[FM_MAX_BLOCK + 1] = {0}, cases = 0, truncated = 0, sampled = 0, penalized = 0;
+    int accepted_hist[FM_MAX_BLOCK + 1] = {0}, cases = 0, truncated = 0, sampled = 0, penalized = 0,
+                                     repeated = 0;
     for (int mi = 0; mi < N_MODELS; mi++) {
         if (synth_pair(&MODELS[mi], target, drafter, sizeof target)) {
             CHECK_MSG(0, "synthesizing the %s pair failed", MODELS[mi].type);
@@ -188,11 +196,15 @@ int main(void) {
                     plain.sampling.seed = rnd(1u << 30);
                 }
                 if (rnd(3) == 0) { /* penalties, greedy or sampled */
-                    static const float pens[] = {0, 0.5f, 1.5f, -1.0f};
+                    static const float pens[] = {0, 0.5f, 1.5f, -1.0f}, reps[] = {0, 1.3f, 0.8f, 2.0f};
+                    static const int windows[] = {0, 0, 3, 32};
                     plain.sampling.presence_penalty = pens[rnd(4)];
                     plain.sampling.frequency_penalty = pens[rnd(4)];
+                    plain.sampling.repetition_penalty = reps[rnd(4)];
+                    plain.sampling.repeat_last_n = windows[rnd(4)];
                     penalized +=
                         plain.sampling.presence_penalty != 0 || plain.sampling.frequency_penalty != 0;
+                    repeated += plain.sampling.repetition_penalty != 0;
                 }
                 result a = {0}, b = {0};
                 if (generate(e, prompt, n_prompt, &plain, &a, NULL)) {
@@ -252,9 +264,9 @@ int main(void) {
             fm_engine_free(e);
         }
     }
-    printf(
-        "cases: %d (%d sampled, %d with penalties), truncated conversations: %d; rounds by accepted drafts:",
-        cases, sampled, penalized, truncated);
+    printf("cases: %d (%d sampled, %d with presence / frequency penalties, %d with a repetition penalty), "
+           "truncated conversations: %d (%d with a repetition penalty); rounds by accepted drafts:",
+           cases, sampled, penalized, repeated, truncated, g_truncate_repeated);
     int reached = 0;
     for (int k = 0; k <= 16; k++) {
         printf(" %d:%d", k, accepted_hist[k]);
@@ -264,6 +276,9 @@ int main(void) {
     CHECK_MSG(cases >= 200, "only %d cases ran", cases);
     CHECK_MSG(sampled >= 70, "only %d sampled cases ran", sampled);
     CHECK_MSG(penalized >= 40, "only %d cases with penalties ran", penalized);
+    CHECK_MSG(repeated >= 30, "only %d cases with a repetition penalty ran", repeated);
+    CHECK_MSG(g_truncate_repeated >= 10, "only %d truncated conversations with a repetition penalty",
+              g_truncate_repeated);
     CHECK_MSG(truncated >= 30, "only %d truncated-conversation cases ran", truncated);
     CHECK_MSG(accepted_hist[0] > 0 && accepted_hist[16] > 0 && reached >= 12,
               "simulated rounds should accept from 0 to 16 drafts (saw %d distinct counts)", reached);

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "cli_common.h"
+#include "decode/sampler.h"
 #include "io/model_cache.h"
 
 void cli_engine_opts_init(cli_engine_opts *o) {
@@ -49,6 +50,10 @@ void cli_json_add_sampling(cJSON *obj, const fm_sampling *sp) {
         cJSON_AddNumberToObject(s, "presence_penalty", short_float(sp->presence_penalty));
     if (sp->frequency_penalty != 0)
         cJSON_AddNumberToObject(s, "frequency_penalty", short_float(sp->frequency_penalty));
+    if (fm_sampling_repeats(sp)) {
+        cJSON_AddNumberToObject(s, "repetition_penalty", short_float(sp->repetition_penalty));
+        cJSON_AddNumberToObject(s, "repeat_last_n", sp->repeat_last_n);
+    }
 }
 
 /* The sampling options; same contract as cli_engine_opt. */
@@ -57,8 +62,12 @@ static int sampling_opt(const char *cmd, int argc, char **argv, int *i, cli_engi
     const int is_temp = !strcmp(a, "--temp") || !strcmp(a, "--temperature"), is_k = !strcmp(a, "--top-k"),
               is_p = !strcmp(a, "--top-p"), is_min = !strcmp(a, "--min-p"), is_seed = !strcmp(a, "--seed"),
               is_presence = !strcmp(a, "--presence-penalty"),
-              is_frequency = !strcmp(a, "--frequency-penalty");
-    if (!(is_temp || is_k || is_p || is_min || is_seed || is_presence || is_frequency)) return 0;
+              is_frequency = !strcmp(a, "--frequency-penalty"),
+              is_repeat = !strcmp(a, "--repeat-penalty") || !strcmp(a, "--repetition-penalty"),
+              is_last_n = !strcmp(a, "--repeat-last-n");
+    if (!(is_temp || is_k || is_p || is_min || is_seed || is_presence || is_frequency || is_repeat ||
+          is_last_n))
+        return 0;
     const char *v = cli_value(cmd, argc, argv, i);
     if (!v) return -1;
     double d;
@@ -67,6 +76,14 @@ static int sampling_opt(const char *cmd, int argc, char **argv, int *i, cli_engi
     if (is_presence || is_frequency) {
         if (cli_parse_double(cmd, a, v, -2, 2, &d)) return -1;
         *(is_presence ? &o->sampling.presence_penalty : &o->sampling.frequency_penalty) = (float)d;
+    } else if (is_repeat) {
+        if (cli_parse_double(cmd, a, v, 1e-3, 10, &d)) return -1;
+        o->sampling.repetition_penalty = o->repeat_off ? 0 : (float)d;
+    } else if (is_last_n) {
+        if (cli_parse_int(cmd, a, v, -1, 1L << 30, &n)) return -1;
+        o->repeat_off = n == 0;
+        o->sampling.repeat_last_n = n < 0 ? 0 : (int)n; /* fm_sampling: 0 is the whole sequence */
+        if (o->repeat_off) o->sampling.repetition_penalty = 0;
     } else if (is_temp) {
         if (cli_parse_double(cmd, a, v, 0, 100, &d)) return -1;
         o->sampling.temperature = (float)d;

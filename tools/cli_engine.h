@@ -18,6 +18,7 @@ typedef struct {
         fallback;         /* speculative decoding on (default), verify width (0: adaptive), fallback on */
     fm_sampling sampling; /* --temp, --top-k, --top-p, --min-p, --seed (greedy by default) */
     int seed_given, sampling_given;          /* --seed; any of --temp --top-k --top-p --min-p */
+    int repeat_off;                          /* --repeat-last-n 0 (llama.cpp's "disabled") */
     char model_buf[4096], drafter_buf[4096]; /* the cached defaults, when resolved */
 } cli_engine_opts;
 
@@ -35,12 +36,19 @@ enum { CLI_ENGINE_NO_DEVICE = 1u, CLI_ENGINE_NO_CTX = 2u, CLI_ENGINE_NO_SAMPLING
     "  --seed N          sampling seed (default: a random one, printed with the stats)\n"                    \
     "  --presence-penalty P, --frequency-penalty P\n"                                                        \
     "                    OpenAI's penalties over the tokens generated so far, greedy or sampled: a token\n"  \
-    "                    loses P once it has appeared / P per appearance ([-2, 2], default 0)\n"
+    "                    loses P once it has appeared / P per appearance ([-2, 2], default 0)\n"             \
+    "  --repeat-penalty P  Hugging Face's / vLLM's repetition penalty over the prompt and the tokens so "    \
+    "far:\n"                                                                                                 \
+    "                    a token that appeared has its logit divided by P when positive, multiplied by P\n"  \
+    "                    otherwise ((0, 10], default 1: off; llama.cpp and Ollama users know 1.1)\n"         \
+    "  --repeat-last-n N only the last N tokens count for --repeat-penalty (as in llama.cpp: -1 all of\n"    \
+    "                    them, the default here; 0 turns the penalty off)\n"
 
 /* A seed for a sampled generation that was given none (from the OS's random source). */
 uint64_t cli_random_seed(void);
-/* Adds "sampling": {temperature, top_k, top_p, min_p, seed} (floats in their shortest form, the seed as
- * digits) to a JSON object: `generate --json` stats and the server's "flashmap" object. */
+/* Adds "sampling": {temperature, top_k, top_p, min_p, seed, and the penalties that are on} (floats in their
+ * shortest form, the seed as digits) to a JSON object: `generate --json` stats and the server's "flashmap"
+ * object. */
 struct cJSON;
 void cli_json_add_sampling(struct cJSON *obj, const fm_sampling *sp);
 

@@ -30,7 +30,7 @@
 
 static const double SIM_MEANS[] = {0, 2, 4, 6.5, 8};
 /* The sampled rows: Qwen3's suggested settings without thinking, simulated acceptance 6.5. */
-static const fm_sampling SAMPLED = {0.7f, 20, 0.8f, 0, 7, 0, 0};
+static const fm_sampling SAMPLED = {0.7f, 20, 0.8f, 0, 7, 0, 0, 0, 0};
 static const double SAMPLED_SIM = 6.5;
 enum { N_SIM = sizeof SIM_MEANS / sizeof SIM_MEANS[0], N_COLS = 6, MAX_ROWS = 24, CELL = 160 };
 

@@ -92,14 +92,11 @@ int cmd_chat(int argc, char **argv) {
     gp.fallback = eo.fallback;
     gp.sampling = eo.sampling;
     if (!eo.sampling_given) {
-        const fm_sampling suggested = {think ? 0.6f : 0.7f,
-                                       20,
-                                       think ? 0.95f : 0.8f,
-                                       0,
-                                       eo.sampling.seed,
-                                       eo.sampling.presence_penalty,
-                                       eo.sampling.frequency_penalty};
-        gp.sampling = suggested;
+        /* The penalties stay the command line's. */
+        gp.sampling.temperature = think ? 0.6f : 0.7f;
+        gp.sampling.top_k = 20;
+        gp.sampling.top_p = think ? 0.95f : 0.8f;
+        gp.sampling.min_p = 0;
     }
     if (gp.sampling.temperature > 0 && !eo.seed_given) gp.sampling.seed = cli_random_seed();
     gp.on_tokens = print_tokens;

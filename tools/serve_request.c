@@ -85,8 +85,6 @@ static int check_off_number(const cJSON *o, const char *name, double ok1, double
 
 /* Features the engine does not have: refused when set to anything but their "off" value. */
 static int check_unsupported(const cJSON *o, serve_error *err) {
-    static const char *no_penalty = "flashmap serve has presence_penalty and frequency_penalty only";
-    if (check_off_number(o, "repetition_penalty", 1, 1, "1", no_penalty, err)) return -1;
     static const char *one = "flashmap serve returns one choice per request";
     if (check_off_number(o, "n", 1, 1, "1", one, err) || check_off_number(o, "best_of", 1, 1, "1", one, err))
         return -1;
@@ -141,8 +139,18 @@ static int parse_sampling(const cJSON *o, const serve_sampling_defaults *def, se
         get_float(o, "top_p", 0, 1, 1, 0, "more than 0 and at most 1", &s->top_p, err) ||
         get_float(o, "min_p", 0, 0, 1, 1, "at least 0 and less than 1", &s->min_p, err) ||
         get_float(o, "presence_penalty", -2, 0, 2, 0, "from -2 to 2", &s->presence_penalty, err) ||
-        get_float(o, "frequency_penalty", -2, 0, 2, 0, "from -2 to 2", &s->frequency_penalty, err))
+        get_float(o, "frequency_penalty", -2, 0, 2, 0, "from -2 to 2", &s->frequency_penalty, err) ||
+        get_float(o, "repeat_penalty", 0, 1, 10, 0, "more than 0 and at most 10 (1: off)",
+                  &s->repetition_penalty, err) ||
+        get_float(o, "repetition_penalty", 0, 1, 10, 0, "more than 0 and at most 10 (1: off)",
+                  &s->repetition_penalty, err))
         return -1;
+    /* llama.cpp's repeat_last_n: -1 the whole sequence, 0 no repetition penalty, n the last n tokens */
+    long last_n = 0;
+    int has_last_n = 0;
+    if (get_int(o, "repeat_last_n", -1, 1L << 30, &last_n, &has_last_n, err)) return -1;
+    if (has_last_n) s->repeat_last_n = last_n < 0 ? 0 : (int)last_n;
+    if (has_last_n && last_n == 0) s->repetition_penalty = 0;
     long k = 0;
     int present = 0;
     if (get_int(o, "top_k", -(1L << 53), 1L << 53, &k, &present, err)) return -1;

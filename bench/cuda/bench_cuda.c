@@ -56,7 +56,7 @@ static int e2e(fm_decode_backend *G, const int32_t *prompt, int NP, const fm_gen
     fm_decode_averages avg;
     G->reset(G->ctx);
     fm_decode_averages_reset(&avg);
-    return fm_decode_run(G, &avg, prompt, NP, p, never, NULL, ids, n, st, err, errlen);
+    return fm_decode_run(G, &avg, NULL, 0, prompt, NP, p, never, NULL, ids, n, st, err, errlen);
 }
 
 /* The drafter's rows: its fc1 / fc2 kernels, the draft (graph on / off) and end to end through the decoding
@@ -146,7 +146,7 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
         /* Sampling (T 0.7, top-k 20, top-p 0.8: Qwen3's suggestion without thinking): plain decoding, and
          * simulated acceptance 6.5 against its own sampled continuation (the same seed draws the same tokens
          * at the same positions, so the drafts that match are accepted as in greedy decoding). */
-        const fm_sampling sp = {0.7f, 20, 0.8f, 0, 11, 0, 0};
+        const fm_sampling sp = {0.7f, 20, 0.8f, 0, 11, 0, 0, 0, 0};
         fm_generate_params pp, ps;
         hx_params(&pp, NEW);
         pp.sampling = sp;
@@ -390,8 +390,9 @@ int main(int argc, char **argv) {
         /* Sampling's cost on the same rows (cuda_sample.cuh): Qwen3's suggested settings (top-k tiers), the
          * temperature alone (the chunk draw), top-p alone (on these random weights its tiers hold more than
          * the GPU brings back, so each row is read whole: the worst case). */
-        static const fm_sampling modes[] = {
-            {0.7f, 20, 0.8f, 0, 1, 0, 0}, {1.0f, 0, 1, 0, 1, 0, 0}, {1.0f, 0, 0.95f, 0, 1, 0, 0}};
+        static const fm_sampling modes[] = {{0.7f, 20, 0.8f, 0, 1, 0, 0, 0, 0},
+                                            {1.0f, 0, 1, 0, 1, 0, 0, 0, 0},
+                                            {1.0f, 0, 0.95f, 0, 1, 0, 0, 0, 0}};
         for (int k = 0; k < 3; k++) {
             if (G.set_sampling(G.ctx, &modes[k], err, sizeof err)) return fprintf(stderr, "%s\n", err), 1;
             const double st = plain_step(&G, &next, NP);
@@ -409,7 +410,7 @@ int main(int argc, char **argv) {
                    (double)modes[k].temperature, modes[k].top_k, (double)modes[k].top_p, st * 1e3, st / step,
                    median(v, 10) * 1e3);
         }
-        const fm_sampling greedy = {0, 0, 1, 0, 0, 0, 0};
+        const fm_sampling greedy = {0, 0, 1, 0, 0, 0, 0, 0, 0};
         G.set_sampling(G.ctx, &greedy, err, sizeof err);
     }
     if (getenv("FM_BENCH_TARGET_ONLY")) return 0; /* the target's rows only (attention-variant sweeps) */

@@ -91,10 +91,10 @@ struct fm_cuda_backend {
     fmc_sample_scratch sscr;
     fm_candidate *cand; /* [vocab] */
     float *h_row;       /* [vocab]: a row with more than SAMPLE_CAP candidates */
-    /* penalties: the tokens generated so far (set_generated), each row's (id, delta) list built on the host
-     */
-    const int32_t *gen;
-    int n_gen, pen_cap;
+    /* penalties: the sequence so far (set_history; its last n_gen generated), each row's (id, delta, scale)
+     * list built on the host */
+    const int32_t *seq;
+    int n_seq, n_gen, pen_cap;
     int *pen_counts;            /* [vocab] zeroed */
     int *h_pen_off, *d_pen_off; /* [rows_cap + 1] */
     fm_penalty *h_pen, *d_pen;  /* [pen_cap] */
@@ -722,17 +722,17 @@ static int sample_rows(fm_cuda_backend *b, const float *logits, const unsigned l
     return 0;
 }
 
-static void cu_set_generated(void *ctx, const int32_t *ids, int n) {
+static void cu_set_history(void *ctx, const int32_t *seq, int n, int n_gen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
-    b->gen = ids, b->n_gen = n;
+    b->seq = seq, b->n_seq = n, b->n_gen = n_gen;
 }
 
 /* Penalises the forward's logit rows 0..rows-1 in place (row r of an all-rows forward also counts the drafts
- * ids[1..r]) and recomputes their argmax. The lists are built with the CPU's arithmetic (fm_penalty_delta).
+ * ids[1..r]) and recomputes their argmax. The lists come from fm_penalty_list, as the CPU builds them.
  */
 static int penalize_rows(fm_cuda_backend *b, int rows, const int32_t *extra, char *err, size_t errlen) {
     const fm_sampling *sp = &b->sampling;
-    const int need = rows * (b->n_gen + rows);
+    const int need = rows * (b->n_seq + rows);
     if (need > b->pen_cap) {
         if (b->h_pen) cudaFreeHost(b->h_pen);
         if (b->d_pen) cudaFree(b->d_pen);
@@ -744,7 +744,8 @@ static int penalize_rows(fm_cuda_backend *b, int rows, const int32_t *extra, cha
     int k = 0;
     for (int r = 0; r < rows; r++) {
         b->h_pen_off[r] = k;
-        k += fm_penalty_list(sp, b->gen, b->n_gen, extra, extra ? r : 0, b->pen_counts, b->h_pen + k);
+        k += fm_penalty_list(sp, b->seq, b->n_seq, b->n_gen, extra, extra ? r : 0, b->pen_counts,
+                             b->h_pen + k);
     }
     b->h_pen_off[rows] = k;
     CK(cudaMemcpyAsync(b->d_pen_off, b->h_pen_off, (size_t)(rows + 1) * sizeof(int), cudaMemcpyHostToDevice,
@@ -1079,7 +1080,7 @@ extern "C" fm_decode_backend fm_cuda_backend_ops(fm_cuda_backend *b) {
     ops.pos = cu_pos;
     ops.eval = cu_eval;
     ops.set_sampling = cu_set_sampling;
-    ops.set_generated = cu_set_generated;
+    ops.set_history = cu_set_history;
     ops.rewind = cu_rewind;
     ops.commit_features = cu_commit_features;
     ops.draft = cu_draft;

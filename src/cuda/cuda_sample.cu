@@ -224,10 +224,14 @@ __global__ void k_sample_draw(const float *x, int n, const unsigned long long *a
     block_argmax_to(best, pick + t);
 }
 
+/* fm_penalty_apply's arithmetic, each operation rounded as the CPU's. */
 __global__ void k_penalize(float *logits, int n, const int *offsets, const fm_penalty *p) {
     const int t = blockIdx.x;
-    for (int i = offsets[t] + threadIdx.x; i < offsets[t + 1]; i += blockDim.x)
-        logits[(size_t)t * n + p[i].id] -= p[i].delta;
+    for (int i = offsets[t] + threadIdx.x; i < offsets[t + 1]; i += blockDim.x) {
+        float *v = logits + (size_t)t * n + p[i].id;
+        const float r = *v > 0 ? __fdiv_rn(*v, p[i].scale) : __fmul_rn(*v, p[i].scale);
+        *v = __fsub_rn(r, p[i].delta);
+    }
 }
 
 void fmc_penalize(float *logits, int T, int n, const int *offsets, const fm_penalty *p, cudaStream_t s) {

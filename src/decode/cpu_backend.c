@@ -20,8 +20,8 @@ struct fm_cpu_backend {
     fm_sampling sampling;
     fm_candidate *candidates; /* [pool workers][vocab], once sampling is on */
     int *counts;              /* [pool workers][vocab] zeroed, once penalties are on */
-    const int32_t *gen;       /* set_generated: the tokens generated so far */
-    int n_gen;
+    const int32_t *seq;       /* set_history: the sequence so far, of which the last n_gen were generated */
+    int n_seq, n_gen;
     fm_penalty *pen; /* [pool workers][pen_cap]: a row's penalty list */
     int pen_cap;
 };
@@ -44,7 +44,7 @@ static void sample_task(void *ctx, int64_t begin, int64_t end, int thread) {
     for (int64_t r = begin; r < end; r++) {
         float *row = j->logits + r * vocab;
         if (j->penalize)
-            fm_sample_penalize(row, &b->sampling, b->gen, b->n_gen, j->extra, j->extra ? (int)r : 0,
+            fm_sample_penalize(row, &b->sampling, b->seq, b->n_seq, b->n_gen, j->extra, j->extra ? (int)r : 0,
                                b->counts + (size_t)thread * vocab, b->pen + (size_t)thread * b->pen_cap);
         j->out[r] = fm_sample_row(row, vocab, &b->sampling, j->pos0 + (int)r, scratch);
     }
@@ -93,7 +93,7 @@ static int cpu_pos(void *ctx) {
 
 /* Room for a row's penalty list: the history and a verify block's drafts. */
 static int reserve_penalties(fm_cpu_backend *b, char *err, size_t errlen) {
-    const int need = b->n_gen + b->max_eval;
+    const int need = b->n_seq + b->max_eval;
     if (need <= b->pen_cap) return 0;
     const size_t workers = b->pool ? (size_t)fm_pool_size(b->pool) : 1;
     fm_penalty *p = realloc(b->pen, workers * (size_t)need * 2 * sizeof *p);
@@ -121,9 +121,9 @@ static int cpu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t 
     return 0;
 }
 
-static void cpu_set_generated(void *ctx, const int32_t *ids, int n) {
+static void cpu_set_history(void *ctx, const int32_t *seq, int n, int n_gen) {
     fm_cpu_backend *b = ctx;
-    b->gen = ids, b->n_gen = n;
+    b->seq = seq, b->n_seq = n, b->n_gen = n_gen;
 }
 
 static int cpu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t errlen) {
@@ -212,7 +212,7 @@ fm_decode_backend fm_cpu_backend_ops(fm_cpu_backend *b) {
         .pos = cpu_pos,
         .eval = cpu_eval,
         .set_sampling = cpu_set_sampling,
-        .set_generated = cpu_set_generated,
+        .set_history = cpu_set_history,
         .rewind = cpu_rewind,
         .commit_features = cpu_commit_features,
         .draft = cpu_draft,

@@ -27,6 +27,13 @@ int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen) {
     if (!(fabsf(s->frequency_penalty) <= 2))
         return fm_set_error(err, errlen, "frequency penalty must be in [-2, 2], got %g",
                             (double)s->frequency_penalty);
+    if (!(s->repetition_penalty >= 0 && s->repetition_penalty <= 10) ||
+        (s->repetition_penalty > 0 && s->repetition_penalty < 1e-3f))
+        return fm_set_error(err, errlen, "repetition penalty must be in (0, 10] (1: off), got %g",
+                            (double)s->repetition_penalty);
+    if (s->repeat_last_n < 0)
+        return fm_set_error(err, errlen, "repeat-last-n must be >= 0 (0: the whole sequence), got %d",
+                            s->repeat_last_n);
     return 0;
 }
 
@@ -200,28 +207,37 @@ int fm_sample_distribution(fm_candidate *c, int n, const fm_sampling *s, int32_t
     return 0;
 }
 
-int fm_penalty_list(const fm_sampling *s, const int32_t *gen, int n_gen, const int32_t *extra, int n_extra,
-                    int *counts, fm_penalty *out) {
-    for (int i = 0; i < n_gen; i++) counts[gen[i]]++;
-    for (int i = 0; i < n_extra; i++) counts[extra[i]]++;
+int fm_penalty_list(const fm_sampling *s, const int32_t *seq, int n_seq, int n_gen, const int32_t *extra,
+                    int n_extra, int *counts, fm_penalty *out) {
+    enum { IN_WINDOW = 1 << 30 }; /* above any count: a flag beside the generated count */
+    const int total = n_seq + n_extra, g0 = n_seq - n_gen;
+    int w0 = total; /* the repetition window: history positions [w0, total) */
+    if (fm_sampling_repeats(s))
+        w0 = s->repeat_last_n > 0 && s->repeat_last_n < total ? total - s->repeat_last_n : 0;
+    const int add = s->presence_penalty != 0 || s->frequency_penalty != 0;
+#define AT(i) ((i) < n_seq ? seq[i] : extra[(i)-n_seq])
+    if (add)
+        for (int i = g0; i < total; i++) counts[AT(i)]++;
+    for (int i = w0; i < total; i++) counts[AT(i)] |= IN_WINDOW;
     /* Each distinct token once: its count is zeroed as it is listed. */
     int k = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        const int32_t *ids = pass ? extra : gen;
-        for (int i = 0, n = pass ? n_extra : n_gen; i < n; i++) {
-            const int c = counts[ids[i]];
-            if (!c) continue;
-            out[k++] = (fm_penalty){ids[i], fm_penalty_delta(s, c)};
-            counts[ids[i]] = 0;
-        }
+    for (int i = add && g0 < w0 ? g0 : w0; i < total; i++) {
+        const int32_t id = AT(i);
+        const int c = counts[id];
+        if (!c) continue;
+        const int n = c & (IN_WINDOW - 1);
+        out[k++] =
+            (fm_penalty){id, n ? fm_penalty_delta(s, n) : 0.0f, c & IN_WINDOW ? s->repetition_penalty : 1.0f};
+        counts[id] = 0;
     }
+#undef AT
     return k;
 }
 
-void fm_sample_penalize(float *row, const fm_sampling *s, const int32_t *gen, int n_gen, const int32_t *extra,
-                        int n_extra, int *counts, fm_penalty *out) {
-    const int k = fm_penalty_list(s, gen, n_gen, extra, n_extra, counts, out);
-    for (int i = 0; i < k; i++) row[out[i].id] -= out[i].delta;
+void fm_sample_penalize(float *row, const fm_sampling *s, const int32_t *seq, int n_seq, int n_gen,
+                        const int32_t *extra, int n_extra, int *counts, fm_penalty *out) {
+    const int k = fm_penalty_list(s, seq, n_seq, n_gen, extra, n_extra, counts, out);
+    for (int i = 0; i < k; i++) row[out[i].id] = fm_penalty_apply(row[out[i].id], out[i]);
 }
 
 int32_t fm_sample_row(const float *row, int vocab, const fm_sampling *s, int pos, fm_candidate *scratch) {

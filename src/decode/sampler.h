@@ -37,8 +37,12 @@ static inline int fm_sampling_top_p_on(const fm_sampling *s) {
     return s->top_p > 0 && s->top_p < 1;
 }
 
+static inline int fm_sampling_repeats(const fm_sampling *s) {
+    return s && s->repetition_penalty != 0 && s->repetition_penalty != 1;
+}
+
 static inline int fm_sampling_penalized(const fm_sampling *s) {
-    return s && (s->presence_penalty != 0 || s->frequency_penalty != 0);
+    return s && (s->presence_penalty != 0 || s->frequency_penalty != 0 || fm_sampling_repeats(s));
 }
 
 /* What a token that appeared c > 0 times loses (one function for every backend: the same bits). */
@@ -46,19 +50,30 @@ static inline float fm_penalty_delta(const fm_sampling *s, int c) {
     return (float)((double)s->presence_penalty + (double)s->frequency_penalty * c);
 }
 
-/* A row's penalties: what the logit of each distinct token of the history gen[0..n_gen) followed by
- * extra[0..n_extra) (a verify block's drafts ahead of the row) loses, into out[] (room for n_gen + n_extra);
- * returns how many. counts: vocab zeroed ints, left zeroed. Every backend builds its penalties here. */
+/* A row's penalties. Its history: seq[0..n_seq), the sequence before it (whose last n_gen tokens were
+ * generated), then extra[0..n_extra) (a verify block's drafts ahead of the row, generated too). Each distinct
+ * token that a penalty touches, once: scale = repetition_penalty if it is in the repetition window (the
+ * history's last repeat_last_n tokens, or all of it), else 1; delta = what presence and frequency take for
+ * its count among the generated tokens, else 0. Room: n_seq + n_extra entries. counts: vocab zeroed ints,
+ * left zeroed. Every backend builds its penalties here and applies them with fm_penalty_apply's arithmetic.
+ */
 typedef struct {
     int32_t id;
-    float delta;
+    float delta, scale;
 } fm_penalty;
-int fm_penalty_list(const fm_sampling *s, const int32_t *gen, int n_gen, const int32_t *extra, int n_extra,
-                    int *counts, fm_penalty *out);
+int fm_penalty_list(const fm_sampling *s, const int32_t *seq, int n_seq, int n_gen, const int32_t *extra,
+                    int n_extra, int *counts, fm_penalty *out);
 
-/* Applies them to a row of logits (out: scratch as fm_penalty_list's). */
-void fm_sample_penalize(float *row, const fm_sampling *s, const int32_t *gen, int n_gen, const int32_t *extra,
-                        int n_extra, int *counts, fm_penalty *out);
+/* A penalised logit, as Hugging Face's RepetitionPenaltyLogitsProcessor and then vLLM's presence / frequency
+ * subtraction compute it in float (a scale of 1 and a delta of 0 leave v as it is, bit for bit). */
+static inline float fm_penalty_apply(float v, fm_penalty p) {
+    const float r = v > 0 ? v / p.scale : v * p.scale;
+    return r - p.delta;
+}
+
+/* Lists and applies them to a row of logits (out: scratch as fm_penalty_list's). */
+void fm_sample_penalize(float *row, const fm_sampling *s, const int32_t *seq, int n_seq, int n_gen,
+                        const int32_t *extra, int n_extra, int *counts, fm_penalty *out);
 
 /* 0, or -1 with one line naming the setting that is out of range. */
 int fm_sampling_check(const fm_sampling *s, char *err, size_t errlen);

@@ -52,6 +52,7 @@ typedef struct {
 } out_buf;
 
 static int out_push(out_buf *o, const int32_t *ids, int n) {
+    if (n <= 0) return 0;
     if (o->n + n > o->cap) {
         int cap = o->cap ? o->cap : 64;
         while (cap < o->n + n) cap *= 2;
@@ -63,6 +64,11 @@ static int out_push(out_buf *o, const int32_t *ids, int n) {
     memcpy(o->ids + o->n, ids, (size_t)n * sizeof *ids);
     o->n += n;
     return 0;
+}
+
+/* New tokens into the output and, when the penalties read it (seq->ids set), into the sequence too. */
+static int push_tokens(out_buf *o, out_buf *seq, const int32_t *ids, int n) {
+    return out_push(o, ids, n) || (seq->ids && out_push(seq, ids, n));
 }
 
 void fm_decode_averages_reset(fm_decode_averages *a) {
@@ -115,10 +121,10 @@ static int stops_at(const fm_generate_params *p, int (*is_stop)(const void *, in
     return !p->ignore_stop && is_stop(ctx, id);
 }
 
-int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int32_t *ids, int n_ids,
-                  const fm_generate_params *p, int (*is_stop)(const void *ctx, int32_t id),
-                  const void *stop_ctx, int32_t **out, int *n_out, fm_generate_stats *st, char *err,
-                  size_t errlen) {
+int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int32_t *before, int n_before,
+                  const int32_t *ids, int n_ids, const fm_generate_params *p,
+                  int (*is_stop)(const void *ctx, int32_t id), const void *stop_ctx, int32_t **out,
+                  int *n_out, fm_generate_stats *st, char *err, size_t errlen) {
     memset(st, 0, sizeof *st);
     if (out) *out = NULL;
     if (n_out) *n_out = 0;
@@ -129,8 +135,8 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
     if (!b->set_sampling && !fm_sampling_greedy(&p->sampling))
         return fm_set_error(err, errlen, "this backend decodes greedily only");
     const int penalized = fm_sampling_penalized(&p->sampling);
-    if (penalized && (!b->set_sampling || !b->set_generated))
-        return fm_set_error(err, errlen, "this backend has no presence or frequency penalties");
+    if (penalized && (!b->set_sampling || !b->set_history))
+        return fm_set_error(err, errlen, "this backend has no penalties");
     if (b->set_sampling && b->set_sampling(b->ctx, &p->sampling, err, errlen)) return -1;
     const int n_ctx = b->n_ctx, vocab = b->vocab, block = b->block, drafter_ctx = b->drafter_ctx;
     if (b->pos(b->ctx) + n_ids >= n_ctx)
@@ -138,6 +144,12 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
                             "the prompt (%d tokens at position %d) does not fit the context (--ctx %d)",
                             n_ids, b->pos(b->ctx), n_ctx);
     out_buf o = {.limit = p->max_new_tokens > 0 ? p->max_new_tokens : n_ctx};
+    /* What the penalties read: the sequence before each row (earlier tokens, this prompt, the new tokens). */
+    out_buf seq = {0};
+    if (penalized && (out_push(&seq, before, n_before) || out_push(&seq, ids, n_ids))) {
+        free(seq.ids);
+        return fm_set_error(err, errlen, "out of memory for the penalties' history");
+    }
     uint64_t rng = p->sim_seed ^ 0x5eedull;
     int32_t drafts[FM_MAX_BLOCK + 1], block_ids[FM_MAX_BLOCK + 1];
     /* The prefill's feature rows, like a plain stretch's, reach the drafter in the first draft: that round's
@@ -148,11 +160,11 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
     const double t_start = clock_s(b);
     st->n_prompt = n_ids;
     int32_t next;
-    if (penalized) b->set_generated(b->ctx, NULL, 0); /* the prompt's last row: nothing generated yet */
+    if (penalized) b->set_history(b->ctx, seq.ids, seq.n, 0); /* the prompt's last row: nothing generated */
     if (prefill(b, ids, n_ids, &next, err, errlen)) goto done;
     st->prefill_s = clock_s(b) - t_start;
     const double t_decode = clock_s(b);
-    if (out_push(&o, &next, 1)) goto oom;
+    if (push_tokens(&o, &seq, &next, 1)) goto oom;
     if (p->on_tokens && p->on_tokens(p->user, &next, 1)) goto finish;
     if (stops_at(p, is_stop, stop_ctx, next)) {
         o.stop = FM_STOP_TOKEN;
@@ -181,7 +193,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
             /* A plain step on `next`; its features wait for the next draft. */
             const double t0 = clock_s(b);
             const int32_t in = next;
-            if (penalized) b->set_generated(b->ctx, o.ids, o.n);
+            if (penalized) b->set_history(b->ctx, seq.ids, seq.n, o.n);
             if (b->eval(b->ctx, &in, 1, 0, &next, err, errlen)) goto done;
             const double ms = 1e3 * (clock_s(b) - t0);
             avg->step_ms = isnan(avg->step_ms) ? ms : 0.7 * avg->step_ms + 0.3 * ms;
@@ -190,7 +202,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
             plain_since_round = 1;
             st->plain_steps++;
             if (plain_left > 0) plain_left--;
-            if (out_push(&o, &next, 1)) goto oom;
+            if (push_tokens(&o, &seq, &next, 1)) goto oom;
             if (p->on_tokens && p->on_tokens(p->user, &next, 1)) break;
             if (stops_at(p, is_stop, stop_ctx, next)) {
                 o.stop = FM_STOP_TOKEN;
@@ -211,7 +223,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
         block_ids[0] = next;
         memcpy(block_ids + 1, drafts, (size_t)K * sizeof *drafts);
         int32_t rows[FM_MAX_BLOCK + 1];
-        if (penalized) b->set_generated(b->ctx, o.ids, o.n);
+        if (penalized) b->set_history(b->ctx, seq.ids, seq.n, o.n);
         if (b->eval(b->ctx, block_ids, K + 1, 1, rows, err, errlen)) goto done;
         const double t2 = clock_s(b);
         int acc = 0;
@@ -251,7 +263,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
         fm_width_observe_round(&avg->width, K, acc, catch_up ? -1 : 1e3 * ((t1 - t0) + (t3 - t2)), verify_ms);
         avg->n_rounds++;
         next = fresh[n_fresh - 1];
-        if (out_push(&o, fresh, n_fresh)) goto oom;
+        if (push_tokens(&o, &seq, fresh, n_fresh)) goto oom;
         if (p->on_tokens && p->on_tokens(p->user, fresh, n_fresh)) break;
         if (hit_stop) {
             o.stop = FM_STOP_TOKEN;
@@ -291,5 +303,6 @@ oom:
     fm_set_error(err, errlen, "out of memory for the generated tokens");
 done:
     free(o.ids);
+    free(seq.ids);
     return rc;
 }

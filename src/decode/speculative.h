@@ -27,10 +27,12 @@ void fm_decode_averages_reset(fm_decode_averages *a);
 
 /* Prefills ids at the backend's current position (in chunks of max_eval, each chunk's features committed to
  * the drafter), then decodes per p. The first generated token comes from the prefill's last row. The last
- * generated token is not fed to the target (the caller prefills it before the next input). */
-int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int32_t *ids, int n_ids,
-                  const fm_generate_params *p, int (*is_stop)(const void *ctx, int32_t id),
-                  const void *stop_ctx, int32_t **out, int *n_out, fm_generate_stats *stats, char *err,
-                  size_t errlen);
+ * generated token is not fed to the target (the caller prefills it before the next input).
+ * before[0..n_before) are the tokens already in the cache (a session's earlier turns), which the repetition
+ * penalty reads. */
+int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int32_t *before, int n_before,
+                  const int32_t *ids, int n_ids, const fm_generate_params *p,
+                  int (*is_stop)(const void *ctx, int32_t id), const void *stop_ctx, int32_t **out,
+                  int *n_out, fm_generate_stats *stats, char *err, size_t errlen);
 
 #endif

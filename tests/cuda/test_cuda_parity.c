@@ -81,7 +81,7 @@ static int run(const fm_decode_backend *b, const int32_t *prompt, int n, fm_gene
     fm_decode_averages avg;
     fm_decode_averages_reset(&avg);
     b->reset(b->ctx);
-    if (fm_decode_run(b, &avg, prompt, n, p, is_stop_never, NULL, out, n_out, st, err, sizeof err)) {
+    if (fm_decode_run(b, &avg, NULL, 0, prompt, n, p, is_stop_never, NULL, out, n_out, st, err, sizeof err)) {
         printf("decode failed: %s\n", err);
         return -1;
     }
@@ -115,12 +115,13 @@ static void check_spec_equals_plain(const fm_decode_backend *G, const int32_t *p
  * the same logits rows; then plain decoding with a seed, and speculative == plain for every verify mode. */
 static void check_sampling(const fm_decode_backend *G, fm_cuda_backend *gb, const int32_t *prompt, int NP,
                            int V, const char *what) {
-    /* top-k tiers; the chunk draw (with min-p); top-p tiers; then penalties, sampled and greedy */
-    const fm_sampling settings[] = {{0.8f, 40, 0.95f, 0, 77, 0, 0},
-                                    {1.5f, 0, 1, 0.02f, 78, 0, 0},
-                                    {1.0f, 0, 0.9f, 0, 79, 0, 0},
-                                    {0.8f, 0, 0.9f, 0, 80, 1.5f, 0.5f},
-                                    {0, 0, 1, 0, 0, 1.0f, 0.3f}};
+    /* top-k tiers; the chunk draw (with min-p); top-p tiers; then penalties, sampled and greedy; the
+     * repetition penalty, greedy over the whole history and sampled over a window with presence */
+    const fm_sampling settings[] = {
+        {0.8f, 40, 0.95f, 0, 77, 0, 0, 0, 0},      {1.5f, 0, 1, 0.02f, 78, 0, 0, 0, 0},
+        {1.0f, 0, 0.9f, 0, 79, 0, 0, 0, 0},        {0.8f, 0, 0.9f, 0, 80, 1.5f, 0.5f, 0, 0},
+        {0, 0, 1, 0, 0, 1.0f, 0.3f, 0, 0},         {0, 0, 1, 0, 0, 0, 0, 1.5f, 0},
+        {0.8f, 20, 0.95f, 0, 81, 0.5f, 0, 1.3f, 8}};
     enum { N_SETTINGS = sizeof settings / sizeof settings[0], N_GEN = 12 };
     const int R = NP < 24 ? NP : 24; /* rows of one forward (the tiny backends take 32) */
     char err[512] = "";
@@ -130,7 +131,7 @@ static void check_sampling(const fm_decode_backend *G, fm_cuda_backend *gb, cons
     fm_penalty list[64];
     int32_t *am = malloc(sizeof(int32_t) * (size_t)NP);
     int32_t gen[N_GEN]; /* a history for the penalties: the rows' own argmaxes, so that they move */
-    const fm_sampling greedy = {0, 0, 1, 0, 0, 0, 0};
+    const fm_sampling greedy = {0, 0, 1, 0, 0, 0, 0, 0, 0};
     /* The rows without penalties, then each setting's draws on the GPU against the host's on them. */
     G->reset(G->ctx);
     int rc0 = G->set_sampling(G->ctx, &greedy, err, sizeof err) ||
@@ -141,14 +142,14 @@ static void check_sampling(const fm_decode_backend *G, fm_cuda_backend *gb, cons
         const int pen = fm_sampling_penalized(s);
         G->reset(G->ctx);
         int rc = rc0 || G->set_sampling(G->ctx, s, err, sizeof err);
-        if (pen) G->set_generated(G->ctx, gen, N_GEN);
+        if (pen) G->set_history(G->ctx, gen, N_GEN, N_GEN);
         rc = rc || G->eval(G->ctx, prompt, R, 1, am, err, sizeof err);
         int same = 0, moved = 0;
         for (int t = 0; t < R && !rc; t++) {
             float *row = plain_rows + (size_t)t * V;
             const int32_t top = fm_sample_row(row, V, &greedy, t, scratch);
             if (pen)
-                fm_sample_penalize(row, s, gen, N_GEN, prompt + 1, t, counts,
+                fm_sample_penalize(row, s, gen, N_GEN, N_GEN, prompt + 1, t, counts,
                                    list); /* drafts ahead: ids 1..t */
             same += fm_sample_row(row, V, s, t, scratch) == am[t];
             moved += am[t] != top;
@@ -158,11 +159,12 @@ static void check_sampling(const fm_decode_backend *G, fm_cuda_backend *gb, cons
         rc0 = G->set_sampling(G->ctx, &greedy, err, sizeof err) ||
               G->eval(G->ctx, prompt, R, 1, am, err, sizeof err) || fm_cuda_debug_logits(gb, plain_rows, R);
         CHECK(!rc && same == R,
-              "%s: T=%g, penalties %g/%g: GPU draws == host draws on the same rows: %d / %d (%s)", what,
-              (double)s->temperature, (double)s->presence_penalty, (double)s->frequency_penalty, same, R,
-              err);
-        CHECK(!rc && moved > 0, "%s: T=%g, penalties %g/%g: %d of %d draws differ from the argmax", what,
-              (double)s->temperature, (double)s->presence_penalty, (double)s->frequency_penalty, moved, R);
+              "%s: T=%g, penalties %g/%g/%g: GPU draws == host draws on the same rows: %d / %d (%s)", what,
+              (double)s->temperature, (double)s->presence_penalty, (double)s->frequency_penalty,
+              (double)s->repetition_penalty, same, R, err);
+        CHECK(!rc && moved > 0, "%s: T=%g, penalties %g/%g/%g: %d of %d draws differ from the argmax", what,
+              (double)s->temperature, (double)s->presence_penalty, (double)s->frequency_penalty,
+              (double)s->repetition_penalty, moved, R);
         fm_generate_params p;
         fm_generate_stats st;
         hx_params(&p, 96);
@@ -171,9 +173,10 @@ static void check_sampling(const fm_decode_backend *G, fm_cuda_backend *gb, cons
         int ng = 0;
         run(G, prompt, NP, &p, &ig, &ng, &st);
         const int modes[] = {0, 1, 7, 16};
-        char label[96];
-        snprintf(label, sizeof label, "%s T=%g penalties %g/%g", what, (double)s->temperature,
-                 (double)s->presence_penalty, (double)s->frequency_penalty);
+        char label[256];
+        snprintf(label, sizeof label, "%s T=%g penalties %g/%g/%g (last %d)", what, (double)s->temperature,
+                 (double)s->presence_penalty, (double)s->frequency_penalty, (double)s->repetition_penalty,
+                 s->repeat_last_n);
         check_spec_equals_plain(G, prompt, NP, ig, ng, modes, 4, label, s);
         free(ig);
     }
@@ -684,10 +687,10 @@ static void full_size_report(const char *dir) {
          * tiers (T 0.3), top-k tiers, and top-p on rows so flat that its tiers hold more than the GPU brings
          * back (T 1.5, top-p 0.95: read whole). Each must draw what the host draws from the whole row. */
         fm_candidate *scratch = malloc(sizeof(fm_candidate) * (size_t)V);
-        const fm_sampling modes[] = {{1.5f, 0, 1, 0, 9, 0, 0},
-                                     {0.3f, 0, 0.9f, 0, 9, 0, 0},
-                                     {0.7f, 20, 0.8f, 0, 9, 0, 0},
-                                     {1.5f, 0, 0.95f, 0, 9, 0, 0}};
+        const fm_sampling modes[] = {{1.5f, 0, 1, 0, 9, 0, 0, 0, 0},
+                                     {0.3f, 0, 0.9f, 0, 9, 0, 0, 0, 0},
+                                     {0.7f, 20, 0.8f, 0, 9, 0, 0, 0, 0},
+                                     {1.5f, 0, 0.95f, 0, 9, 0, 0, 0, 0}};
         for (int k = 0; k < 4 && scratch; k++) {
             const fm_sampling *sp = &modes[k];
             G.reset(G.ctx);
@@ -699,7 +702,7 @@ static void full_size_report(const char *dir) {
             CHECK(!src && same == NR, "full-size: sampled T=%g: GPU draws == host draws: %d / %d (%s)",
                   (double)sp->temperature, same, NR, err);
         }
-        const fm_sampling greedy = {0, 0, 1, 0, 0, 0, 0};
+        const fm_sampling greedy = {0, 0, 1, 0, 0, 0, 0, 0, 0};
         G.set_sampling(G.ctx, &greedy, err, sizeof err);
         free(scratch);
     }
