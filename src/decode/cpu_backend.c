@@ -187,9 +187,21 @@ static int cpu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out
     if (!b->drafter) return fm_set_error(err, errlen, "no drafter loaded");
     if (flush(b, err, errlen) || fm_drafter_draft(b->drafter, b->pool, anchor, pos, n_out, out, err, errlen))
         return -1;
-    if (!fm_sampling_greedy(&b->sampling)) {
+    float *rows = (float *)fm_drafter_last_logits(b->drafter);
+    if (fm_sampling_penalized(&b->sampling) && b->seq) {
+        /* Slot j is checked against the verify row that counts the drafts before it: penalised the same
+         * way, one slot after the other, it proposes what that row will choose when the drafter's row
+         * agrees with the target's (drafts that ignore a penalty the target applies are rejected). */
+        if (reserve_penalties(b, err, errlen)) return -1;
+        const int vocab = b->model->hp.vocab;
+        for (int j = 0; j < n_out; j++) {
+            float *row = rows + (size_t)j * vocab;
+            fm_sample_penalize(row, &b->sampling, b->seq, b->n_seq, b->n_gen, out, j, b->counts, b->pen);
+            out[j] = fm_sample_row(row, vocab, &b->sampling, pos + j, b->candidates);
+        }
+    } else if (!fm_sampling_greedy(&b->sampling)) {
         /* Each slot drawn as the target will draw the row it is checked against (coupled drafts). */
-        sample_rows(b, (float *)fm_drafter_last_logits(b->drafter), n_out, pos, NULL, 0, out);
+        sample_rows(b, rows, n_out, pos, NULL, 0, out);
     }
     return 0;
 }

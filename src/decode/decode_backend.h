@@ -37,7 +37,8 @@ typedef struct {
      * (a backend may defer the work until the next draft). No-op without a drafter. */
     int (*commit_features)(void *ctx, int n, int start, char *err, size_t errlen);
     /* The drafter's first n_out (1..block) tokens after anchor (at context position pos) into out[]; a
-     * backend may fill up to `block` entries (so out has room for block), the rest are never read. */
+     * backend may fill up to `block` entries (so out has room for block), the rest are never read. With
+     * penalties, the history set before it is the round's (a backend may penalise the slots' rows). */
     int (*draft)(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *err, size_t errlen);
     /* Forgets everything (position 0, empty drafter context). */
     void (*reset)(void *ctx);

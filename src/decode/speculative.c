@@ -217,6 +217,7 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
          * round-time average. */
         const int catch_up = plain_since_round;
         plain_since_round = 0;
+        if (penalized) b->set_history(b->ctx, seq.ids, seq.n, o.n); /* the draft's slots are penalised too */
         if (b->draft(b->ctx, next, pos, K, drafts, err, errlen)) goto done;
         if (p->sim_future) simulate_drafts(p, &rng, block, o.n, vocab, drafts);
         const double t1 = clock_s(b);
@@ -302,6 +303,7 @@ finish:
 oom:
     fm_set_error(err, errlen, "out of memory for the generated tokens");
 done:
+    if (penalized) b->set_history(b->ctx, NULL, 0, 0); /* seq is freed next */
     free(o.ids);
     free(seq.ids);
     return rc;
