@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/id_list.h"
 #include "cpu/cpu_features.h"
 #include "drafter/flashmap_drafter.h"
 #include "engine_internal.h"
@@ -225,17 +226,7 @@ int fm_session_truncate(fm_session *s, int n, char *err, size_t errlen) {
 
 /* Appends ids to the conversation's tokens. */
 static int remember(fm_session *s, const int32_t *ids, int n) {
-    if (n <= 0) return 0;
-    if (s->n_tokens + n > s->cap_tokens) {
-        int cap = s->cap_tokens ? s->cap_tokens : 256;
-        while (cap < s->n_tokens + n) cap *= 2;
-        int32_t *t = realloc(s->tokens, (size_t)cap * sizeof *t);
-        if (!t) return -1;
-        s->tokens = t, s->cap_tokens = cap;
-    }
-    memcpy(s->tokens + s->n_tokens, ids, (size_t)n * sizeof *ids);
-    s->n_tokens += n;
-    return 0;
+    return fm_ids_append(&s->tokens, &s->n_tokens, &s->cap_tokens, ids, n);
 }
 
 static int is_stop_token(const void *ctx, int32_t id) {

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "core/id_list.h"
 #include "core/rng.h"
 #include "decode/sampler.h"
 
@@ -52,18 +53,7 @@ typedef struct {
 } out_buf;
 
 static int out_push(out_buf *o, const int32_t *ids, int n) {
-    if (n <= 0) return 0;
-    if (o->n + n > o->cap) {
-        int cap = o->cap ? o->cap : 64;
-        while (cap < o->n + n) cap *= 2;
-        int32_t *p = realloc(o->ids, (size_t)cap * sizeof *p);
-        if (!p) return -1;
-        o->ids = p;
-        o->cap = cap;
-    }
-    memcpy(o->ids + o->n, ids, (size_t)n * sizeof *ids);
-    o->n += n;
-    return 0;
+    return fm_ids_append(&o->ids, &o->n, &o->cap, ids, n);
 }
 
 /* New tokens into the output and, when the penalties read it (seq->ids set), into the sequence too. */
