@@ -315,6 +315,41 @@ static void check_repetition(void) {
     CHECK(!fm_sampling_penalized(&s) && fm_penalty_list(&s, seq, 5, 2, extra, 1, counts, list) == 0);
 }
 
+/* fm_penalty_rows (one eval's rows at once, the history read once) gives the entries of fm_penalty_list row
+ * by row, in the same order, for random histories, drafts and settings, moving windows included. */
+static void check_penalty_rows(void) {
+    enum { V = 50, MAXS = 60, MAXR = 17 };
+    int counts[V] = {0}, offsets[MAXR + 1], bad = 0, cases = 0, fast = 0;
+    static fm_penalty rows_out[MAXR * (MAXS + MAXR)], one[MAXS + MAXR];
+    uint64_t st = 7;
+    for (int c = 0; c < 400; c++) {
+        int32_t seq[MAXS], extra[MAXR];
+        const int n_seq = (int)(fm_rng_uniform(&st) * MAXS), n_gen = (int)(fm_rng_uniform(&st) * (n_seq + 1));
+        const int rows = 1 + (int)(fm_rng_uniform(&st) * MAXR);
+        for (int i = 0; i < n_seq; i++) seq[i] = (int32_t)(fm_rng_uniform(&st) * V);
+        for (int i = 0; i < MAXR; i++) extra[i] = (int32_t)(fm_rng_uniform(&st) * V);
+        static const float pres[] = {0, 0.5f, -1}, freq[] = {0, 0.3f}, rep[] = {0, 1.3f};
+        static const int win[] = {0, 3, 100};
+        fm_sampling s = {0};
+        s.presence_penalty = pres[(int)(fm_rng_uniform(&st) * 3)];
+        s.frequency_penalty = freq[(int)(fm_rng_uniform(&st) * 2)];
+        s.repetition_penalty = rep[(int)(fm_rng_uniform(&st) * 2)];
+        s.repeat_last_n = win[(int)(fm_rng_uniform(&st) * 3)];
+        const int total = fm_penalty_rows(&s, seq, n_seq, n_gen, extra, rows, counts, rows_out, offsets);
+        fast += rows > 1 && !(s.repeat_last_n > 0 && s.repeat_last_n < n_seq + rows - 1);
+        for (int r = 0; r < rows; r++) {
+            const int k = fm_penalty_list(&s, seq, n_seq, n_gen, extra, r, counts, one);
+            bad += offsets[r + 1] - offsets[r] != k ||
+                   memcmp(one, rows_out + offsets[r], sizeof *one * (size_t)k) != 0;
+        }
+        bad += total != offsets[rows];
+        for (int i = 0; i < V; i++) bad += counts[i] != 0;
+        cases++;
+    }
+    printf("penalty rows: %d cases (%d through the shared history), %d differences\n", cases, fast, bad);
+    CHECK_MSG(bad == 0 && fast > 100, "%d differences, %d shared-history cases", bad, fast);
+}
+
 /* The noise: Gumbel scores of a flat row average the Euler-Mascheroni constant; keys differ by seed and by
  * position, and are repeatable. */
 static void check_noise(void) {
@@ -374,6 +409,7 @@ int main(void) {
     printf("HF repetition cases: %d\n", g_repetition_cases);
     CHECK_MSG(g_repetition_cases >= 20, "only %d repetition cases", g_repetition_cases);
     check_repetition();
+    check_penalty_rows();
     check_noise();
     check_settings();
     return fm_test_report("test_sampler");

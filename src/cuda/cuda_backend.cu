@@ -728,7 +728,7 @@ static void cu_set_history(void *ctx, const int32_t *seq, int n, int n_gen) {
 }
 
 /* Penalises the forward's logit rows 0..rows-1 in place (row r of an all-rows forward also counts the drafts
- * ids[1..r]) and recomputes their argmax. The lists come from fm_penalty_list, as the CPU builds them.
+ * ids[1..r]) and recomputes their argmax. The lists are fm_penalty_list's, built by fm_penalty_rows.
  */
 static int penalize_rows(fm_cuda_backend *b, int rows, const int32_t *extra, char *err, size_t errlen) {
     const fm_sampling *sp = &b->sampling;
@@ -741,13 +741,9 @@ static int penalize_rows(fm_cuda_backend *b, int rows, const int32_t *extra, cha
         CK(cudaMalloc(&b->d_pen, (size_t)need * sizeof *b->d_pen));
         b->pen_cap = need;
     }
-    int k = 0;
-    for (int r = 0; r < rows; r++) {
-        b->h_pen_off[r] = k;
-        k += fm_penalty_list(sp, b->seq, b->n_seq, b->n_gen, extra, extra ? r : 0, b->pen_counts,
-                             b->h_pen + k);
-    }
-    b->h_pen_off[rows] = k;
+    /* (rows > 1 only for all-rows forwards, where extra is set) */
+    const int k =
+        fm_penalty_rows(sp, b->seq, b->n_seq, b->n_gen, extra, rows, b->pen_counts, b->h_pen, b->h_pen_off);
     CK(cudaMemcpyAsync(b->d_pen_off, b->h_pen_off, (size_t)(rows + 1) * sizeof(int), cudaMemcpyHostToDevice,
                        b->st));
     CK(cudaMemcpyAsync(b->d_pen, b->h_pen, (size_t)(k ? k : 1) * sizeof *b->d_pen, cudaMemcpyHostToDevice,

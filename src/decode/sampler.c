@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "cpu/ops.h"
@@ -232,6 +233,68 @@ int fm_penalty_list(const fm_sampling *s, const int32_t *seq, int n_seq, int n_g
     }
 #undef AT
     return k;
+}
+
+int fm_penalty_rows(const fm_sampling *s, const int32_t *seq, int n_seq, int n_gen, const int32_t *extra,
+                    int rows, int *counts, fm_penalty *out, int *offsets) {
+    const int rep = fm_sampling_repeats(s), add = s->presence_penalty != 0 || s->frequency_penalty != 0;
+    const int shifting = rep && s->repeat_last_n > 0 && s->repeat_last_n < n_seq + rows - 1;
+    int *base_n = rows > 1 && !shifting ? malloc(sizeof(int) * (size_t)(n_seq > 0 ? n_seq : 1)) : NULL;
+    if (!base_n) { /* one row, a window that moves with the row (or no memory): each row on its own */
+        int k = 0;
+        for (int r = 0; r < rows; r++) {
+            offsets[r] = k;
+            k += fm_penalty_list(s, seq, n_seq, n_gen, extra, extra ? r : 0, counts, out + k);
+        }
+        offsets[rows] = k;
+        return k;
+    }
+    /* Row 0: the history's list (fm_penalty_list's entries in its order), each entry's generated count kept
+     * and counts[id] = -(its index + 1), so that a row's drafts find their entries. */
+    enum { IN_WINDOW = 1 << 30 };
+    const int g0 = n_seq - n_gen, start = rep ? 0 : g0;
+    if (add)
+        for (int i = g0; i < n_seq; i++) counts[seq[i]]++;
+    if (rep)
+        for (int i = 0; i < n_seq; i++) counts[seq[i]] |= IN_WINDOW;
+    int k0 = 0;
+    for (int i = start; i < n_seq; i++) {
+        const int c = counts[seq[i]];
+        if (c <= 0) continue; /* none, or already listed (an index, stored negated) */
+        const int n = c & (IN_WINDOW - 1);
+        out[k0] = (fm_penalty){seq[i], n ? fm_penalty_delta(s, n) : 0.0f,
+                               c & IN_WINDOW ? s->repetition_penalty : 1.0f};
+        base_n[k0] = n;
+        counts[seq[i]] = -(++k0);
+    }
+    offsets[0] = 0, offsets[1] = k0;
+    /* Row r: row 0's entries with the drafts extra[0..r) counted in (as generated tokens, in the window),
+     * then the drafts that are not in the history, in order of first appearance (fm_penalty_list's order). */
+    for (int r = 1; r < rows; r++) {
+        fm_penalty *row = out + offsets[r];
+        memcpy(row, out, sizeof *out * (size_t)k0);
+        int k = k0;
+        for (int j = 0; extra && j < r; j++) {
+            const int32_t x = extra[j];
+            int m = 0, first = 1;
+            for (int q = 0; q < r; q++) {
+                m += extra[q] == x;
+                if (q < j && extra[q] == x) first = 0;
+            }
+            if (!first) continue;
+            const int idx = counts[x] < 0 ? -counts[x] - 1 : -1;
+            if (idx >= 0) {
+                if (add) row[idx].delta = fm_penalty_delta(s, base_n[idx] + m);
+            } else if (add || rep) {
+                row[k++] =
+                    (fm_penalty){x, add ? fm_penalty_delta(s, m) : 0.0f, rep ? s->repetition_penalty : 1.0f};
+            }
+        }
+        offsets[r + 1] = offsets[r] + k;
+    }
+    for (int i = 0; i < k0; i++) counts[out[i].id] = 0;
+    free(base_n);
+    return offsets[rows];
 }
 
 void fm_sample_penalize(float *row, const fm_sampling *s, const int32_t *seq, int n_seq, int n_gen,

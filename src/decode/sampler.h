@@ -64,6 +64,15 @@ typedef struct {
 int fm_penalty_list(const fm_sampling *s, const int32_t *seq, int n_seq, int n_gen, const int32_t *extra,
                     int n_extra, int *counts, fm_penalty *out);
 
+/* The lists of rows 0..rows-1 of one eval, whose row r also counts extra[0..r) (a verify block's drafts;
+ * extra NULL: none):
+ * row r's entries at out[offsets[r] .. offsets[r + 1]), the entries fm_penalty_list gives that row, with the
+ * history read once instead of once a row (with the repetition penalty a row's list read the whole
+ * sequence: 41 us a row at 4,800 tokens). Room: rows x (n_seq + rows) entries; offsets: rows + 1. Returns
+ * the entries in all. counts as fm_penalty_list's. */
+int fm_penalty_rows(const fm_sampling *s, const int32_t *seq, int n_seq, int n_gen, const int32_t *extra,
+                    int rows, int *counts, fm_penalty *out, int *offsets);
+
 /* A penalised logit, as Hugging Face's RepetitionPenaltyLogitsProcessor and then vLLM's presence / frequency
  * subtraction compute it in float (a scale of 1 and a delta of 0 leave v as it is, bit for bit). */
 static inline float fm_penalty_apply(float v, fm_penalty p) {
