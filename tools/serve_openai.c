@@ -64,8 +64,6 @@ static void add_usage(cJSON *root, const serve_reply_end *end) {
                             end->cached_tokens);
 }
 
-/* A float setting as the shortest decimal that reads back as the same float (0.9, not 0.899999976), so a
- * client that sends it back gets the same setting. */
 /* flashmap's extension: how the request was decoded (the same names as `generate --json` stats). "seed" is
  * the seed a sampled reply was drawn with (null when greedy); "sampling" the settings used, when sampled. */
 static void add_flashmap(cJSON *root, const serve_reply_end *end) {

@@ -208,14 +208,22 @@ int fm_sample_distribution(fm_candidate *c, int n, const fm_sampling *s, int32_t
     return 0;
 }
 
+/* counts[] of the penalty lists: a token's count among the generated tokens, with this flag beside it when
+ * the token is in the repetition window (above any count). */
+enum { IN_WINDOW = 1 << 30 };
+
+/* Presence or frequency on: the generated tokens are counted. */
+static int counts_generated(const fm_sampling *s) {
+    return s->presence_penalty != 0 || s->frequency_penalty != 0;
+}
+
 int fm_penalty_list(const fm_sampling *s, const int32_t *seq, int n_seq, int n_gen, const int32_t *extra,
                     int n_extra, int *counts, fm_penalty *out) {
-    enum { IN_WINDOW = 1 << 30 }; /* above any count: a flag beside the generated count */
     const int total = n_seq + n_extra, g0 = n_seq - n_gen;
     int w0 = total; /* the repetition window: history positions [w0, total) */
     if (fm_sampling_repeats(s))
         w0 = s->repeat_last_n > 0 && s->repeat_last_n < total ? total - s->repeat_last_n : 0;
-    const int add = s->presence_penalty != 0 || s->frequency_penalty != 0;
+    const int add = counts_generated(s);
 #define AT(i) ((i) < n_seq ? seq[i] : extra[(i)-n_seq])
     if (add)
         for (int i = g0; i < total; i++) counts[AT(i)]++;
@@ -237,7 +245,7 @@ int fm_penalty_list(const fm_sampling *s, const int32_t *seq, int n_seq, int n_g
 
 int fm_penalty_rows(const fm_sampling *s, const int32_t *seq, int n_seq, int n_gen, const int32_t *extra,
                     int rows, int *counts, fm_penalty *out, int *offsets) {
-    const int rep = fm_sampling_repeats(s), add = s->presence_penalty != 0 || s->frequency_penalty != 0;
+    const int rep = fm_sampling_repeats(s), add = counts_generated(s);
     const int shifting = rep && s->repeat_last_n > 0 && s->repeat_last_n < n_seq + rows - 1;
     int *base_n = rows > 1 && !shifting ? malloc(sizeof(int) * (size_t)(n_seq > 0 ? n_seq : 1)) : NULL;
     if (!base_n) { /* one row, a window that moves with the row (or no memory): each row on its own */
@@ -251,7 +259,6 @@ int fm_penalty_rows(const fm_sampling *s, const int32_t *seq, int n_seq, int n_g
     }
     /* Row 0: the history's list (fm_penalty_list's entries in its order), each entry's generated count kept
      * and counts[id] = -(its index + 1), so that a row's drafts find their entries. */
-    enum { IN_WINDOW = 1 << 30 };
     const int g0 = n_seq - n_gen, start = rep ? 0 : g0;
     if (add)
         for (int i = g0; i < n_seq; i++) counts[seq[i]]++;

@@ -207,14 +207,13 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
          * round-time average. */
         const int catch_up = plain_since_round;
         plain_since_round = 0;
-        if (penalized) b->set_history(b->ctx, seq.ids, seq.n, o.n); /* the draft's slots are penalised too */
+        if (penalized) b->set_history(b->ctx, seq.ids, seq.n, o.n); /* for the draft and the verify block */
         if (b->draft(b->ctx, next, pos, K, drafts, err, errlen)) goto done;
         if (p->sim_future) simulate_drafts(p, &rng, block, o.n, vocab, drafts);
         const double t1 = clock_s(b);
         block_ids[0] = next;
         memcpy(block_ids + 1, drafts, (size_t)K * sizeof *drafts);
         int32_t rows[FM_MAX_BLOCK + 1];
-        if (penalized) b->set_history(b->ctx, seq.ids, seq.n, o.n);
         if (b->eval(b->ctx, block_ids, K + 1, 1, rows, err, errlen)) goto done;
         const double t2 = clock_s(b);
         int acc = 0;
