@@ -8,6 +8,8 @@
  * drafter's gated residual add x += gate * v. */
 #include "cuda/cuda_gemm.cuh"
 
+enum { BF_SMEM_LIMIT = 200 * 1024 };
+
 void fmc_bf16_bytes(int N, int K, size_t *bytes) {
     *bytes = (size_t)((N + 15) / 16) * (K / 16) * 512;
 }
@@ -183,7 +185,7 @@ int fmc_bf16_init(void) {
     int bad = 0;
 #define X(nt, m)                                                                                             \
     bad |= cudaFuncSetAttribute(k_bf16_gemm<nt, m>, cudaFuncAttributeMaxDynamicSharedMemorySize,             \
-                                200 * 1024) != cudaSuccess;
+                                BF_SMEM_LIMIT) != cudaSuccess;
     BF_KERNELS(X)
 #undef X
     return bad ? -1 : 0;
@@ -198,8 +200,10 @@ void fmc_bf16_matmul(const fmc_bf16 *w, const float *x, int ldx, int T, float *y
         a.w = w->w, a.N = w->N, a.K = w->K, a.T = n, a.sp = w->sp;
         a.x = x + (size_t)t0 * ldx, a.ldx = ldx, a.bias = bias, a.y = y + (size_t)t0 * ldy, a.ldy = ldy;
         a.gate = gate;
-        const size_t smem = (size_t)w->sp.w * (gemm_stages(NT) * bf_stage_bytes(NT) + NT * 4 * 32 * 4);
-        fmc_launch(bf_pick(NT, mode), dim3(groups * w->sp.kc), dim3(w->sp.w * 32), smem, s,
-                   pdl && T <= GEMM_MAX_TOK, a);
+        const unsigned blocks = groups * w->sp.kc;
+        const size_t smem =
+            fmc_gemm_spread((size_t)w->sp.w * (gemm_stages(NT) * bf_stage_bytes(NT) + NT * 4 * 32 * 4),
+                            blocks, BF_SMEM_LIMIT);
+        fmc_launch(bf_pick(NT, mode), dim3(blocks), dim3(w->sp.w * 32), smem, s, pdl && T <= GEMM_MAX_TOK, a);
     }
 }

@@ -35,6 +35,10 @@ static inline void gemm_plan(fmc_split *sp, int nb, int NT16, int glu, int per_s
     sp->cnt = NULL;
 }
 
+/* Shared memory for a launch of `blocks` product blocks that each need smem: grown (up to limit) so that the
+ * grid spreads evenly over the SMs when it runs in one wave (cuda_q8.cu). */
+size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit);
+
 /* Merges the partial sums acc of warp (r, i) (tile r of the group, K share i) of block kci of group `group`:
  * the w warps of a tile in warp order (red: shared [warps][NT][4][32]), then, when kc > 1, the kc blocks in
  * block order by the last block to arrive. Returns -1 in blocks that are not the last (the whole block),

@@ -66,10 +66,10 @@ void fmc_q8_repack(const void *blocks, int N, int K, int glu, int4 *qs, uint32_t
     w->N = N;
     w->K = K;
     /* Blocks of K shares kept to 2 an SM (FMC_Q8_PER_SM overrides, for experiments): the split of K over
-     * fewer blocks means fewer partial sums to merge through L2, and q8_pad spreads the grids evenly. On the
-     * H200 against 5 an SM (the shared-memory limit), same run: plain step 2.589 -> 2.515 ms, verify(17)
-     * 4.44 -> 4.11 ms, prefill 512 26.7 -> 25.9 ms, the Q8_0 draft 1.032 -> 1.026 ms (per_sm 3: step
-     * 2.52-2.55 ms). */
+     * fewer blocks means fewer partial sums to merge through L2, and fmc_gemm_spread spreads the grids
+     * evenly. On the H200 against 5 an SM (the shared-memory limit), same run: plain step 2.589 -> 2.515 ms,
+     * verify(17) 4.44 -> 4.11 ms, prefill 512 26.7 -> 25.9 ms, the Q8_0 draft 1.032 -> 1.026 ms (per_sm 3:
+     * step 2.52-2.55 ms). */
     const char *e = getenv("FMC_Q8_PER_SM");
     gemm_plan(&w->sp, NB, NT16, glu, e && atoi(e) > 0 ? atoi(e) : 2);
 }
@@ -224,18 +224,18 @@ static int g_maxb = -1;
  * and at most 1.5 KB of static shared memory in these kernels). */
 static size_t g_sm_bytes = (size_t)228 * 1024, g_block_extra = 2560;
 
-/* A narrow launch's shared memory, grown (never shrunk) so that at most the cap of its blocks fit an SM. The
- * block scheduler does not spread a one-wave grid evenly by itself: the step's qkv product (384 blocks, 5 fit
- * an SM by shared memory) ran in 13.1 us, held to 3 an SM in 10.6-10.9 us (H200, bench_cuda, kernel alone),
- * and the plain step went 2.70 -> 2.58 ms. Grids that fill their SMs anyway (wo, gate/up, down: 608-640
- * blocks, 5 an SM) are left as they are: padding them cost the step 4 % (it leaves no room for the next
- * kernel's blocks, which PDL starts early). */
-static size_t q8_pad(size_t smem, unsigned blocks) {
+/* A narrow launch's shared memory, grown (never shrunk, at most `limit`) so that at most the cap of its
+ * blocks fit an SM. The block scheduler does not spread a one-wave grid evenly by itself: the step's qkv
+ * product (384 blocks, 5 fit an SM by shared memory) ran in 13.1 us, held to 3 an SM in 10.6-10.9 us (H200,
+ * bench_cuda, kernel alone), and the plain step went 2.70 -> 2.58 ms. Grids that fill their SMs anyway (wo,
+ * gate/up, down: 608-640 blocks, 5 an SM) are left as they are: padding them cost the step 4 % (it leaves no
+ * room for the next kernel's blocks, which PDL starts early). The BF16 products use it too (cuda_bf16.cu). */
+size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit) {
     const unsigned sms = (unsigned)fmc_sm_count(), fit = (unsigned)(g_sm_bytes / (smem + g_block_extra));
     const unsigned cap = g_maxb < 0 ? (blocks + sms - 1) / sms : (unsigned)g_maxb;
     if (cap == 0 || cap >= fit || blocks > cap * sms) return smem;
     const size_t room = g_sm_bytes / cap - g_block_extra;
-    return room < Q8_SMEM_LIMIT ? room : Q8_SMEM_LIMIT;
+    return room < limit ? room : limit;
 }
 
 static q8_kernel q8_pick(int NT, int mode) {
@@ -289,7 +289,7 @@ static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float 
     const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
     const int NT = (T + 7) / 8;
     fmc_launch(q8_pick(NT, mode), dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
-               q8_pad(q8_smem(&w->sp, NT, mode), groups * w->sp.kc), s, pdl, a);
+               fmc_gemm_spread(q8_smem(&w->sp, NT, mode), groups * w->sp.kc, Q8_SMEM_LIMIT), s, pdl, a);
 }
 
 void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, int add, float *y2,
