@@ -59,6 +59,36 @@ static int e2e(fm_decode_backend *G, const int32_t *prompt, int NP, const fm_gen
     return fm_decode_run(G, &avg, NULL, 0, prompt, NP, p, never, NULL, ids, n, st, err, errlen);
 }
 
+/* Plain decoding with sampling settings sp, then simulated acceptance 6.5 against its own continuation
+ * (the same seed draws the same tokens at the same positions, so the drafts that match are accepted as in
+ * greedy decoding): tok/s of both, against greedy plain (plain_tps) and against each other. */
+static int e2e_setting(fm_decode_backend *G, const int32_t *prompt, int NP, int NEW, const fm_sampling *sp,
+                       const char *label, double plain_tps, const char *tag) {
+    char err[512] = "";
+    fm_generate_params pp, ps;
+    fm_generate_stats st;
+    hx_params(&pp, NEW);
+    pp.sampling = *sp;
+    int32_t *ref = NULL, *ids = NULL;
+    int n_ref = 0, n = 0;
+    if (e2e(G, prompt, NP, &pp, &ref, &n_ref, &st, err, sizeof err))
+        return fprintf(stderr, "%s: %s\n", label, err), 1;
+    const double ref_tps = st.n_generated / st.decode_s;
+    hx_params(&ps, NEW);
+    ps.sampling = *sp, ps.speculative = 1;
+    ps.sim_future = ref, ps.sim_future_len = n_ref, ps.sim_mean = 6.5, ps.sim_seed = 1;
+    if (e2e(G, prompt, NP, &ps, &ids, &n, &st, err, sizeof err))
+        return fprintf(stderr, "%s spec: %s\n", label, err), 1;
+    printf("RESULT [%s] e2e %s: plain %.1f tok/s (%.3f x greedy plain); simulated 6.5 adaptive %.1f tok/s = "
+           "%.2f x its plain; ids %s its plain\n",
+           tag, label, ref_tps, ref_tps / plain_tps, st.n_generated / st.decode_s,
+           st.n_generated / st.decode_s / ref_tps,
+           n == n_ref && !memcmp(ids, ref, sizeof(int32_t) * n) ? "==" : "!=");
+    free(ids);
+    free(ref);
+    return 0;
+}
+
 /* The drafter's rows: its fc1 / fc2 kernels, the draft (graph on / off) and end to end through the decoding
  * loop (plain, simulated acceptance, the real drafter). step: the plain step of this backend, seconds. */
 static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_drafter *d, const int32_t *prompt,
@@ -71,9 +101,15 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
         printf("RESULT [%s] kernel %-28s T=16: %8.2f us, %6.0f GB/s = %5.1f%% of copy bandwidth\n", tag,
                names[k - 6], us, by / (us * 1e-6) / 1e9, 100.0 * by / (us * 1e-6) / (bw * 1e9));
     }
-    /* The whole block with and without the graph, then 7 drafts (verify 7: the head for 8 slots). */
-    for (int cfg = 0; cfg < 3; cfg++) {
+    /* The whole block with and without the graph, then 7 drafts (verify 7: the head for 8 slots), then the
+     * block with the repetition and presence penalties over the prompt (slot by slot). */
+    const fm_sampling penalised = {0, 0, 1, 0, 0, 0.5f, 0, 1.1f, 0}, greedy = {0, 0, 1, 0, 0, 0, 0, 0, 0};
+    for (int cfg = 0; cfg < 4; cfg++) {
         const int graphs = cfg != 1, n_out = cfg == 2 ? 7 : G->block;
+        if (cfg == 3) {
+            if (G->set_sampling(G->ctx, &penalised, err, sizeof err)) return fprintf(stderr, "%s\n", err), 1;
+            G->set_history(G->ctx, prompt, NP, NP / 2);
+        }
         double v[20];
         int32_t out[64];
         fm_cuda_debug_set_graphs(gb, graphs);
@@ -84,9 +120,12 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
             if (i >= 2) v[i - 2] = hx_now() - a;
         }
         const double dt = median(v, 20);
-        printf("RESULT [%s] draft (block %d, %d out, graph %s): %.3f ms = %.2f x step\n", tag,
-               fm_drafter_block(d), n_out, graphs ? "on" : "off", dt * 1e3, dt / step);
+        printf("RESULT [%s] draft (block %d, %d out, graph %s%s): %.3f ms = %.2f x step\n", tag,
+               fm_drafter_block(d), n_out, graphs ? "on" : "off",
+               cfg == 3 ? ", repetition 1.1 + presence 0.5 over the prompt" : "", dt * 1e3, dt / step);
     }
+    G->set_history(G->ctx, NULL, 0, 0);
+    if (G->set_sampling(G->ctx, &greedy, err, sizeof err)) return fprintf(stderr, "%s\n", err), 1;
     fm_cuda_debug_set_graphs(gb, 1);
     fm_generate_params p;
     fm_generate_stats st;
@@ -142,33 +181,12 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
                n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n) ? "==" : "!=");
         free(ids);
     }
-    {
-        /* Sampling (T 0.7, top-k 20, top-p 0.8: Qwen3's suggestion without thinking): plain decoding, and
-         * simulated acceptance 6.5 against its own sampled continuation (the same seed draws the same tokens
-         * at the same positions, so the drafts that match are accepted as in greedy decoding). */
-        const fm_sampling sp = {0.7f, 20, 0.8f, 0, 11, 0, 0, 0, 0};
-        fm_generate_params pp, ps;
-        hx_params(&pp, NEW);
-        pp.sampling = sp;
-        int32_t *sampled = NULL, *ids = NULL;
-        int n_sampled = 0, n = 0;
-        if (e2e(G, prompt, NP, &pp, &sampled, &n_sampled, &st, err, sizeof err))
-            return fprintf(stderr, "sampled: %s\n", err), 1;
-        const double sampled_tps = st.n_generated / st.decode_s;
-        hx_params(&ps, NEW);
-        ps.sampling = sp, ps.speculative = 1;
-        ps.sim_future = sampled, ps.sim_future_len = n_sampled, ps.sim_mean = 6.5, ps.sim_seed = 1;
-        if (e2e(G, prompt, NP, &ps, &ids, &n, &st, err, sizeof err))
-            return fprintf(stderr, "sampled spec: %s\n", err), 1;
-        printf(
-            "RESULT [%s] e2e sampled (T 0.7, top-k 20, top-p 0.8): plain %.1f tok/s (%.3f x greedy plain); "
-            "simulated 6.5 adaptive %.1f tok/s = %.2f x sampled plain; ids %s sampled plain\n",
-            tag, sampled_tps, sampled_tps / plain_tps, st.n_generated / st.decode_s,
-            st.n_generated / st.decode_s / sampled_tps,
-            n == n_sampled && !memcmp(ids, sampled, sizeof(int32_t) * n) ? "==" : "!=");
-        free(ids);
-        free(sampled);
-    }
+    /* Sampling (T 0.7, top-k 20, top-p 0.8: Qwen3's suggestion without thinking), then greedy with the
+     * repetition and presence penalties (every draft slot then penalised on its own, a round trip each). */
+    const fm_sampling sampled = {0.7f, 20, 0.8f, 0, 11, 0, 0, 0, 0};
+    if (e2e_setting(G, prompt, NP, NEW, &sampled, "sampled (T 0.7, top-k 20, top-p 0.8)", plain_tps, tag) ||
+        e2e_setting(G, prompt, NP, NEW, &penalised, "greedy, repetition 1.1 + presence 0.5", plain_tps, tag))
+        return 1;
     free(plain);
     return 0;
 }

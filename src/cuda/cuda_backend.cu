@@ -98,6 +98,9 @@ struct fm_cuda_backend {
     int *pen_counts;            /* [vocab] zeroed */
     int *h_pen_off, *d_pen_off; /* [rows_cap + 1] */
     fm_penalty *h_pen, *d_pen;  /* [pen_cap] */
+    float *d_draft_raw;         /* [block][vocab]: a draft's unpenalised logits (draft_penalized) */
+    int32_t *h_hist;            /* [hist_cap]: the history and the final draft slots */
+    int hist_cap;
     /* graphs, programmatic dependent launch */
     int use_graphs, use_pdl, n_graphs;
     double warm_ms; /* the graphs captured at creation (warm_graphs) took this long */
@@ -476,6 +479,7 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     if (b->d_pen) cudaFree(b->d_pen);
     if (b->h_pen_off) cudaFreeHost(b->h_pen_off);
     free(b->pen_counts);
+    free(b->h_hist);
     free(b->cand);
     free(b->h_row);
     if (b->st) cudaStreamDestroy(b->st);
@@ -727,32 +731,42 @@ static void cu_set_history(void *ctx, const int32_t *seq, int n, int n_gen) {
     b->seq = seq, b->n_seq = n, b->n_gen = n_gen;
 }
 
-/* Penalises the forward's logit rows 0..rows-1 in place (row r of an all-rows forward also counts the drafts
- * ids[1..r]) and recomputes their argmax. The lists are fm_penalty_list's, built by fm_penalty_rows.
- */
-static int penalize_rows(fm_cuda_backend *b, int rows, const int32_t *extra, char *err, size_t errlen) {
-    const fm_sampling *sp = &b->sampling;
-    const int need = rows * (b->n_seq + rows);
-    if (need > b->pen_cap) {
-        if (b->h_pen) cudaFreeHost(b->h_pen);
-        if (b->d_pen) cudaFree(b->d_pen);
-        b->h_pen = NULL, b->d_pen = NULL, b->pen_cap = 0;
-        CK(cudaMallocHost(&b->h_pen, (size_t)need * sizeof *b->h_pen));
-        CK(cudaMalloc(&b->d_pen, (size_t)need * sizeof *b->d_pen));
-        b->pen_cap = need;
-    }
-    /* (rows > 1 only for all-rows forwards, where extra is set) */
-    const int k =
-        fm_penalty_rows(sp, b->seq, b->n_seq, b->n_gen, extra, rows, b->pen_counts, b->h_pen, b->h_pen_off);
+/* Room for n penalty entries, on the host and on the GPU. */
+static int reserve_penalties(fm_cuda_backend *b, int n, char *err, size_t errlen) {
+    if (n <= b->pen_cap) return 0;
+    if (b->h_pen) cudaFreeHost(b->h_pen);
+    if (b->d_pen) cudaFree(b->d_pen);
+    b->h_pen = NULL, b->d_pen = NULL, b->pen_cap = 0;
+    CK(cudaMallocHost(&b->h_pen, (size_t)n * sizeof *b->h_pen));
+    CK(cudaMalloc(&b->d_pen, (size_t)n * sizeof *b->d_pen));
+    b->pen_cap = n;
+    return 0;
+}
+
+/* Applies the lists at h_pen (k entries, row r's from h_pen_off[r]) to rows 0..rows-1 of logits in place
+ * and recomputes their argmax into am. */
+static int apply_penalties(fm_cuda_backend *b, float *logits, unsigned long long *am, int rows, int k,
+                           char *err, size_t errlen) {
     CK(cudaMemcpyAsync(b->d_pen_off, b->h_pen_off, (size_t)(rows + 1) * sizeof(int), cudaMemcpyHostToDevice,
                        b->st));
     CK(cudaMemcpyAsync(b->d_pen, b->h_pen, (size_t)(k ? k : 1) * sizeof *b->d_pen, cudaMemcpyHostToDevice,
                        b->st));
-    fmc_penalize(b->logits, rows, b->vocab, b->d_pen_off, b->d_pen, b->st);
-    CK(cudaMemsetAsync(b->d_am, 0, (size_t)rows * 8, b->st));
-    fmc_argmax(b->logits, rows, b->vocab, b->d_am, 0, b->st);
+    fmc_penalize(logits, rows, b->vocab, b->d_pen_off, b->d_pen, b->st);
+    CK(cudaMemsetAsync(am, 0, (size_t)rows * 8, b->st));
+    fmc_argmax(logits, rows, b->vocab, am, 0, b->st);
     CK(cudaGetLastError());
     return 0;
+}
+
+/* Penalises the forward's logit rows 0..rows-1 in place (row r of an all-rows forward also counts the drafts
+ * ids[1..r]) and recomputes their argmax. The lists are fm_penalty_list's, built by fm_penalty_rows.
+ */
+static int penalize_rows(fm_cuda_backend *b, int rows, const int32_t *extra, char *err, size_t errlen) {
+    if (reserve_penalties(b, rows * (b->n_seq + rows), err, errlen)) return -1;
+    /* (rows > 1 only for all-rows forwards, where extra is set) */
+    const int k = fm_penalty_rows(&b->sampling, b->seq, b->n_seq, b->n_gen, extra, rows, b->pen_counts,
+                                  b->h_pen, b->h_pen_off);
+    return apply_penalties(b, b->logits, b->d_am, rows, k, err, errlen);
 }
 
 static int cu_set_sampling(void *ctx, const fm_sampling *s, char *err, size_t errlen) {
@@ -989,6 +1003,56 @@ static int draft_shape(fm_cuda_backend *b, int g, int graph, char *err, size_t e
     return graph && !*e && capture(b, draft_forward, 0, 0, e, err, errlen);
 }
 
+/* Penalties: slot j is checked against the verify row that counts the drafts before it, so it is penalised
+ * the same way (the history and slots 0..j-1), then drawn, as the CPU backend does. A slot's list needs the
+ * draws before it; instead of a round trip a slot, each pass penalises every slot not yet final, from its
+ * unpenalised logits, with a guess of the slots before it (first the unpenalised argmaxes, then the previous
+ * pass's draws), and draws them all. The first open slot becomes final, and so does each next one while the
+ * guesses before it were right: a pass whose guesses hold ends the draft, and every pass ends one slot at
+ * least. */
+static int draft_penalized(fm_cuda_backend *b, int pos, int n_out, int32_t *out, char *err, size_t errlen) {
+    const size_t row = (size_t)b->vocab;
+    if (!b->d_draft_raw) DALLOC(b->d_draft_raw, (size_t)b->dhp.block * row * sizeof(float));
+    if (b->n_seq + n_out > b->hist_cap) {
+        int32_t *h = (int32_t *)realloc(b->h_hist, sizeof(int32_t) * (size_t)(b->n_seq + n_out));
+        if (!h) return fail(err, errlen, "out of memory for the penalties");
+        b->h_hist = h, b->hist_cap = b->n_seq + n_out;
+    }
+    memcpy(b->h_hist, b->seq, sizeof(int32_t) * (size_t)b->n_seq);
+    CK(cudaMemcpyAsync(b->d_draft_raw, b->dlogits, (size_t)n_out * row * sizeof(float),
+                       cudaMemcpyDeviceToDevice, b->st));
+    CK(cudaMemcpyAsync(b->h_am, b->dam, (size_t)n_out * 8, cudaMemcpyDeviceToHost, b->st));
+    CK(cudaStreamSynchronize(b->st));
+    int32_t guess[FM_DRAFTER_MAX_BLOCK], drawn[FM_DRAFTER_MAX_BLOCK];
+    for (int j = 0; j < n_out; j++) guess[j] = fmc_argmax_index(b->h_am[j]);
+    for (int f = 0; f < n_out;) { /* slots 0..f-1 final, in out and after the history in h_hist */
+        const int rows = n_out - f;
+        float *logits = b->dlogits + f * row;
+        unsigned long long *am = b->dam + f;
+        if (f)
+            CK(cudaMemcpyAsync(logits, b->d_draft_raw + f * row, (size_t)rows * row * sizeof(float),
+                               cudaMemcpyDeviceToDevice, b->st));
+        memcpy(b->h_hist + b->n_seq, out, sizeof(int32_t) * (size_t)f);
+        if (reserve_penalties(b, rows * (b->n_seq + f + rows), err, errlen)) return -1;
+        const int k = fm_penalty_rows(&b->sampling, b->h_hist, b->n_seq + f, b->n_gen + f, guess + f, rows,
+                                      b->pen_counts, b->h_pen, b->h_pen_off);
+        if (apply_penalties(b, logits, am, rows, k, err, errlen)) return -1;
+        if (!fm_sampling_greedy(&b->sampling)) {
+            if (sample_rows(b, logits, am, rows, pos + f, drawn, err, errlen)) return -1;
+        } else {
+            CK(cudaMemcpyAsync(b->h_am, am, (size_t)rows * 8, cudaMemcpyDeviceToHost, b->st));
+            CK(cudaStreamSynchronize(b->st));
+            for (int i = 0; i < rows; i++) drawn[i] = fmc_argmax_index(b->h_am[i]);
+        }
+        int i = 0;
+        do out[f + i] = drawn[i];
+        while (++i < rows && guess[f + i - 1] == drawn[i - 1]);
+        memcpy(guess + f, drawn, sizeof(int32_t) * (size_t)rows);
+        f += i;
+    }
+    return 0;
+}
+
 /* Runs the whole block of slots (they attend to each other); the head, lm_head and argmax run for the first
  * 8 slots when n_out <= 8 (the lm_head streams its 0.4 GB once per 8 rows), else for all: two graphs. */
 static int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *err, size_t errlen) {
@@ -1022,6 +1086,8 @@ static int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out,
     else
         draft_forward(b, 0, 0);
     CK(cudaGetLastError());
+    if (fm_sampling_penalized(&b->sampling) && b->seq)
+        return draft_penalized(b, pos, n_out, out, err, errlen);
     /* Sampling: each slot drawn as the target will draw the row it is checked against (coupled drafts). */
     if (!fm_sampling_greedy(&b->sampling))
         return sample_rows(b, b->dlogits, b->dam, n_out, pos, out, err, errlen);
@@ -1102,6 +1168,13 @@ extern "C" int fm_cuda_debug_draft_head(fm_cuda_backend *b, float *out) {
     if (!b->has_drafter) return -1;
     return cudaMemcpy(out, b->dhead, (size_t)b->dhp.block * b->dhp.target_dim * 4, cudaMemcpyDeviceToHost) ==
                    cudaSuccess
+               ? 0
+               : -1;
+}
+
+extern "C" int fm_cuda_debug_draft_logits(fm_cuda_backend *b, float *out, int rows) {
+    if (!b->has_drafter || rows < 1 || rows > b->d_rows) return -1;
+    return cudaMemcpy(out, b->dlogits, (size_t)rows * b->vocab * 4, cudaMemcpyDeviceToHost) == cudaSuccess
                ? 0
                : -1;
 }

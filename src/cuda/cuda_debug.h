@@ -18,6 +18,8 @@ int fm_cuda_debug_logits(fm_cuda_backend *b, float *out, int rows);
 int fm_cuda_debug_features(fm_cuda_backend *b, float *out, int rows);
 /* The last draft's head outputs [block][target_dim] (a draft of n_out <= 8 writes the first 8 rows only). */
 int fm_cuda_debug_draft_head(fm_cuda_backend *b, float *out);
+/* The last draft's logits, slots 0..rows-1 [rows][vocab] (penalised in place when penalties are on). */
+int fm_cuda_debug_draft_logits(fm_cuda_backend *b, float *out, int rows);
 /* The drafter's context rows start .. start+n-1 from host feature rows feat [n][feature width] (in place of
  * the target's own captured features), for tests that compare the drafter alone. */
 int fm_cuda_debug_drafter_context(fm_cuda_backend *b, const float *feat, int n, int start);

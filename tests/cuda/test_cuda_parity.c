@@ -198,6 +198,51 @@ static void check_short_draft(fm_decode_backend *G, fm_cuda_backend *gb, int32_t
     free(hs);
 }
 
+/* Penalised drafts: slot j penalised by the history and slots 0..j-1, then drawn, one slot after the other
+ * (the CPU backend's definition): the GPU's ids == the host's on the GPU's own unpenalised draft rows. The
+ * history holds the unpenalised drafts, so the penalties move some slots. */
+static void check_penalized_draft(const fm_decode_backend *G, fm_cuda_backend *gb, int32_t anchor, int pos,
+                                  int V, int K, const char *what) {
+    const fm_sampling settings[] = {{0, 0, 1, 0, 0, 1.0f, 0.3f, 1.5f, 0},
+                                    {0.8f, 20, 0.95f, 0, 81, 0.5f, 0, 1.3f, 8}};
+    const fm_sampling greedy = {0, 0, 1, 0, 0, 0, 0, 0, 0};
+    char err[512] = "";
+    float *raw = malloc(sizeof(float) * (size_t)K * V), *row = malloc(sizeof(float) * (size_t)V);
+    fm_candidate *scratch = malloc(sizeof(fm_candidate) * (size_t)V);
+    int *counts = calloc((size_t)V, sizeof(int));
+    fm_penalty list[64];
+    int32_t d0[16], dp[16], host[16], hist[24];
+    int rc = G->set_sampling(G->ctx, &greedy, err, sizeof err) ||
+             G->draft(G->ctx, anchor, pos, K, d0, err, sizeof err) || fm_cuda_debug_draft_logits(gb, raw, K);
+    const int n_hist = 12;
+    for (int i = 0; i < n_hist; i++) hist[i] = d0[i % K];
+    for (size_t k = 0; k < sizeof settings / sizeof settings[0]; k++) {
+        const fm_sampling *s = &settings[k];
+        int rk = rc || G->set_sampling(G->ctx, s, err, sizeof err);
+        G->set_history(G->ctx, hist, n_hist, n_hist / 2);
+        rk = rk || G->draft(G->ctx, anchor, pos, K, dp, err, sizeof err);
+        int same = 0, moved = 0;
+        for (int j = 0; j < K && !rk; j++) {
+            memcpy(row, raw + (size_t)j * V, sizeof(float) * (size_t)V);
+            fm_sample_penalize(row, s, hist, n_hist, n_hist / 2, host, j, counts, list);
+            host[j] = fm_sample_row(row, V, s, pos + j, scratch);
+            same += host[j] == dp[j];
+            moved += dp[j] != d0[j];
+        }
+        CHECK(!rk && same == K,
+              "%s: penalised draft (T=%g, penalties %g/%g/%g): GPU ids == host ids on the same rows: %d / %d "
+              "(%s)",
+              what, (double)s->temperature, (double)s->presence_penalty, (double)s->frequency_penalty,
+              (double)s->repetition_penalty, same, K, err);
+        CHECK(!rk && moved > 0,
+              "%s: penalised draft (T=%g): %d of %d slots differ from the unpenalised draft", what,
+              (double)s->temperature, moved, K);
+    }
+    G->set_history(G->ctx, NULL, 0, 0);
+    G->set_sampling(G->ctx, &greedy, err, sizeof err);
+    free(raw), free(row), free(scratch), free(counts);
+}
+
 /* Drafts with the CPU drafter d and the GPU backend g from the same context features (the CPU target's, of
  * the NP prompt rows) and anchor prompt[NP]: the CPU's ids into dc, the GPU's into dg and its head outputs
  * [block][dim] into gh, so that the two differ only by the drafters' own arithmetic. 0, or non-zero (err). */
@@ -476,6 +521,9 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
         }
         rc |= G.draft(G.ctx, prompt[NP], NP, G.block, dg, err, sizeof err);
         rc |= fm_cuda_debug_draft_head(gb, gh);
+        char what[64];
+        snprintf(what, sizeof what, "tied=%d", tied);
+        check_penalized_draft(&G, gb, prompt[NP], NP, m->hp.vocab, K, what);
         fm_drafter_reset(d);
         rc |= fm_drafter_extend_context(d, pool, Fg, NP, 0, err, sizeof err);
         rc |= fm_drafter_draft(d, pool, prompt[NP], NP, K, dc, err, sizeof err);
