@@ -433,6 +433,9 @@ def test_penalties(s):
     pen = dict(base, presence_penalty=1.5, frequency_penalty=0.5)
     r = completion(s, pen, "greedy with penalties")
     check(r["choices"][0]["text"] != greedy, "penalties left the greedy reply as it was: %r" % greedy)
+    g = r["flashmap"]
+    check(g["seed"] is None and g.get("sampling", {}).get("presence_penalty") == 1.5
+          and g["sampling"].get("temperature") == 0, "greedy with penalties, flashmap: %r" % g)
     sampled = dict(pen, temperature=0.8, seed=3)
     a = completion(s, sampled, "sampled with penalties")
     sp = a["flashmap"]["sampling"]

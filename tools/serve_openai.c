@@ -4,6 +4,7 @@
 
 #include "cli_common.h"
 #include "cli_engine.h"
+#include "decode/sampler.h"
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -65,7 +66,8 @@ static void add_usage(cJSON *root, const serve_reply_end *end) {
 }
 
 /* flashmap's extension: how the request was decoded (the same names as `generate --json` stats). "seed" is
- * the seed a sampled reply was drawn with (null when greedy); "sampling" the settings used, when sampled. */
+ * the seed a sampled reply was drawn with (null when greedy); "sampling" the settings used, when sampled or
+ * penalised (as `generate --json`). */
 static void add_flashmap(cJSON *root, const serve_reply_end *end) {
     cJSON *f = cJSON_AddObjectToObject(root, "flashmap");
     cJSON_AddBoolToObject(f, "speculative", end->speculative);
@@ -74,10 +76,10 @@ static void add_flashmap(cJSON *root, const serve_reply_end *end) {
         char seed[24];
         snprintf(seed, sizeof seed, "%llu", (unsigned long long)sp->seed);
         cJSON_AddRawToObject(f, "seed", seed); /* digits: cJSON would print some as 1.2e+15 */
-        cli_json_add_sampling(f, sp);
     } else {
         cJSON_AddNullToObject(f, "seed");
     }
+    if (sp->temperature > 0 || fm_sampling_penalized(sp)) cli_json_add_sampling(f, sp);
     cli_json_add_decode_stats(f, &end->st);
     cJSON_AddNumberToObject(f, "queue_s", end->queue_s);
     cJSON_AddStringToObject(f, "stop", end->stop);
