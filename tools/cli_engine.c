@@ -38,6 +38,7 @@ static double short_float(float f) {
 }
 
 void cli_json_add_sampling(cJSON *obj, const fm_sampling *sp) {
+    if (!(sp->temperature > 0 || fm_sampling_penalized(sp))) return; /* greedy, nothing to reproduce */
     cJSON *s = cJSON_AddObjectToObject(obj, "sampling");
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)sp->seed);

@@ -47,8 +47,8 @@ enum { CLI_ENGINE_NO_DEVICE = 1u, CLI_ENGINE_NO_CTX = 2u, CLI_ENGINE_NO_SAMPLING
 /* A seed for a sampled generation that was given none (from the OS's random source). */
 uint64_t cli_random_seed(void);
 /* Adds "sampling": {temperature, top_k, top_p, min_p, seed, and the penalties that are on} (floats in their
- * shortest form, the seed as digits) to a JSON object: `generate --json` stats and the server's "flashmap"
- * object. */
+ * shortest form, the seed as digits), when sampled or penalised (nothing when plainly greedy), to a JSON
+ * object: `generate --json` stats and the server's "flashmap" object. */
 struct cJSON;
 void cli_json_add_sampling(struct cJSON *obj, const fm_sampling *sp);
 

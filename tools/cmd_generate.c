@@ -235,7 +235,7 @@ static void print_json(fm_engine *e, const int32_t *prompt, int n_prompt, const 
     cli_json_add_decode_stats(s, st);
     cJSON_AddBoolToObject(s, "simulated", st->simulated);
     cJSON_AddStringToObject(s, "stop", stop_name(st->stop));
-    if (sp->temperature > 0 || fm_sampling_penalized(sp)) cli_json_add_sampling(s, sp);
+    cli_json_add_sampling(s, sp);
     if (tr) {
         cJSON *rounds = cJSON_AddArrayToObject(root, "rounds");
         for (int i = 0; i < n_tr; i++) {

@@ -4,7 +4,6 @@
 
 #include "cli_common.h"
 #include "cli_engine.h"
-#include "decode/sampler.h"
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -79,7 +78,7 @@ static void add_flashmap(cJSON *root, const serve_reply_end *end) {
     } else {
         cJSON_AddNullToObject(f, "seed");
     }
-    if (sp->temperature > 0 || fm_sampling_penalized(sp)) cli_json_add_sampling(f, sp);
+    cli_json_add_sampling(f, sp);
     cli_json_add_decode_stats(f, &end->st);
     cJSON_AddNumberToObject(f, "queue_s", end->queue_s);
     cJSON_AddStringToObject(f, "stop", end->stop);

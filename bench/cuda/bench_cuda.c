@@ -102,7 +102,7 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
                names[k - 6], us, by / (us * 1e-6) / 1e9, 100.0 * by / (us * 1e-6) / (bw * 1e9));
     }
     /* The whole block with and without the graph, then 7 drafts (verify 7: the head for 8 slots), then the
-     * block with the repetition and presence penalties over the prompt (slot by slot). */
+     * block with the repetition and presence penalties over the prompt (draft_penalized's passes). */
     const fm_sampling penalised = {0, 0, 1, 0, 0, 0.5f, 0, 1.1f, 0}, greedy = {0, 0, 1, 0, 0, 0, 0, 0, 0};
     for (int cfg = 0; cfg < 4; cfg++) {
         const int graphs = cfg != 1, n_out = cfg == 2 ? 7 : G->block;
@@ -182,7 +182,7 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
         free(ids);
     }
     /* Sampling (T 0.7, top-k 20, top-p 0.8: Qwen3's suggestion without thinking), then greedy with the
-     * repetition and presence penalties (every draft slot then penalised on its own, a round trip each). */
+     * repetition and presence penalties (every draft slot penalised as the row it meets). */
     const fm_sampling sampled = {0.7f, 20, 0.8f, 0, 11, 0, 0, 0, 0};
     if (e2e_setting(G, prompt, NP, NEW, &sampled, "sampled (T 0.7, top-k 20, top-p 0.8)", plain_tps, tag) ||
         e2e_setting(G, prompt, NP, NEW, &penalised, "greedy, repetition 1.1 + presence 0.5", plain_tps, tag))
