@@ -60,7 +60,7 @@ void fm_engine_free(fm_engine *e);
 
 typedef struct {
     int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn, vocab, n_ctx, n_threads;
-    const char *weight_type; /* of the token table */
+    const char *weight_type; /* of the matrices, most bytes first: "q8_0", "q4_k+q6_k" */
     uint64_t weight_bytes;   /* bytes one decode step reads */
     int has_drafter;
     int drafter_layers, drafter_dim, drafter_block, drafter_n_capture;

@@ -29,18 +29,18 @@ void fm_generate_params_init(fm_generate_params *p) {
     p->sampling.top_p = 1;
 }
 
-/* AUTO picks the GPU when the build has CUDA, a device is present and the target is Q8_0 (what the CUDA
- * kernels read); CUDA asked for explicitly must be usable. */
+/* AUTO picks the GPU when the build has CUDA, a device is present and every matrix of the target is Q8_0
+ * (what the CUDA kernels read; K-quant files run on the CPU); CUDA asked for explicitly must be usable. */
 static int choose_device(fm_engine *e, fm_device device, char *err, size_t errlen) {
     e->use_cuda = 0;
 #ifdef FLASHMAP_HAVE_CUDA
     if (device == FM_DEVICE_CPU) return 0;
-    const int gpu = fm_cuda_available(), q8 = e->model->tok_embd.dtype == FM_DTYPE_Q8_0;
+    const int gpu = fm_cuda_available(), q8 = qwen3_model_all_matrices(e->model, FM_DTYPE_Q8_0);
     if (device == FM_DEVICE_CUDA && !gpu)
         return fm_set_error(err, errlen, "--device cuda: no usable CUDA device");
     if (device == FM_DEVICE_CUDA && !q8)
         return fm_set_error(err, errlen, "--device cuda: the CUDA backend runs Q8_0 targets; this one is %s",
-                            fm_dtype_name(e->model->tok_embd.dtype));
+                            e->weight_types);
     e->use_cuda = gpu && q8;
 #else
     (void)e;
@@ -71,6 +71,7 @@ int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t
     fm_engine *e = calloc(1, sizeof *e);
     if (!e) return fm_set_error(err, errlen, "out of memory");
     if (qwen3_model_load(p->model_path, &e->model, err, errlen)) goto fail;
+    qwen3_model_weight_types(e->model, e->weight_types, sizeof e->weight_types);
     const qwen3_hparams *hp = &e->model->hp;
     e->n_ctx = p->n_ctx > 0 ? p->n_ctx : DEFAULT_CTX;
     if (e->n_ctx > hp->ctx_train) e->n_ctx = hp->ctx_train;
@@ -143,7 +144,7 @@ void fm_engine_get_info(const fm_engine *e, fm_engine_info *info) {
     info->vocab = hp->vocab;
     info->n_ctx = e->n_ctx;
     info->n_threads = fm_pool_size(e->pool);
-    info->weight_type = fm_dtype_name(e->model->tok_embd.dtype);
+    info->weight_type = e->weight_types;
     info->weight_bytes = qwen3_model_weight_bytes(e->model);
     info->has_drafter = e->drafter != NULL;
     if (e->drafter) {

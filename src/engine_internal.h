@@ -19,8 +19,9 @@ struct fm_engine {
     fm_pool *pool;
     int n_ctx, prefill_chunk;
     int capture[FM_DRAFTER_MAX_CAPTURE], n_capture;
-    int use_cuda;         /* sessions run on the GPU backend */
-    int weights_resident; /* the target's weights were moved into huge pages (qwen3_model_make_resident) */
+    int use_cuda;          /* sessions run on the GPU backend */
+    char weight_types[48]; /* qwen3_model_weight_types, for fm_engine_info and messages */
+    int weights_resident;  /* the target's weights were moved into huge pages (qwen3_model_make_resident) */
 };
 
 struct fm_session {

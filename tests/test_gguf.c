@@ -619,7 +619,7 @@ static void test_unsupported_type(const bytes *b, const layout *L) {
     CHECK_MSG(f != NULL, "%s", err);
     if (f) {
         const gguf_tensor *t = gguf_find_tensor(f, "t.a");
-        CHECK(t && !t->supported && t->ggml_type == 12 && t->size == 288);
+        CHECK(t && t->supported && t->dtype == FM_DTYPE_Q4_K && t->ggml_type == 12 && t->size == 288);
         CHECK(t && strcmp(gguf_ggml_type_name(t->ggml_type), "q4_K") == 0);
         CHECK(gguf_find_tensor(f, "t.b")->supported == 1);
         gguf_close(f);

@@ -13,6 +13,7 @@
  * 1e-4 * sum|w x| + 1e-6. A wrong or missing term is caught: one term is on average sum|w x| / cols ~ 1e-3
  * of it. The AVX512-BF16 kernel carries x as bf16 hi+lo (~2^-17 relative per term), inside the same bound. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
 #include "cpu/matmul_kernels.h"
+#include "cpu/quant_k.h"
 #include "test_util.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -49,6 +51,24 @@ static void ggml_style_q8_0(const float *x, fm_block_q8_0 *y, int64_t k) {
     }
 }
 
+/* Random K-quant blocks: every byte of the quants and packed scales random (all 6-bit scales and mins, all
+ * q values, Q6_K's int8 scales -128 included), the f16 super-block scales small and positive. */
+static void make_k_blocks(fm_dtype dt, char *row, int64_t nb) {
+    const size_t bb = (size_t)fm_dtype_block_bytes(dt);
+    for (size_t i = 0; i < (size_t)nb * bb; i++) row[i] = (char)(rng_u32() & 0xff);
+    for (int64_t b = 0; b < nb; b++) {
+        char *blk = row + (size_t)b * bb;
+        const uint16_t d = fm_f32_to_f16(0.0005f + 0.001f * (rng_uniform() + 1.0f)),
+                       dmin = fm_f32_to_f16(0.0005f + 0.002f * (rng_uniform() + 1.0f));
+        if (dt == FM_DTYPE_Q6_K) {
+            memcpy(blk + offsetof(fm_block_q6_K, d), &d, 2);
+        } else { /* Q4_K and Q5_K start with d, dmin */
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &dmin, 2);
+        }
+    }
+}
+
 /* Random weights of a type; Q8_0 blocks get random scales and int8 values including -128 (legal in GGUF). */
 static void *make_weights(fm_dtype dt, int64_t rows, int64_t cols) {
     size_t rb = fm_dtype_row_bytes(dt, cols);
@@ -61,6 +81,7 @@ static void *make_weights(fm_dtype dt, int64_t rows, int64_t cols) {
             if (dt == FM_DTYPE_F16) ((uint16_t *)row)[k] = fm_f32_to_f16(v);
             if (dt == FM_DTYPE_BF16) ((uint16_t *)row)[k] = fm_f32_to_bf16(v);
         }
+        if (fm_dtype_is_k_quant(dt)) make_k_blocks(dt, row, cols / FM_QK_K);
         if (dt == FM_DTYPE_Q8_0)
             for (int64_t b = 0; b < cols / 32; b++) {
                 fm_block_q8_0 *blk = (fm_block_q8_0 *)row + b;
@@ -119,6 +140,12 @@ static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
         ggml_style_q8_0(x, q, Tmax * cols);
         fm_matrix xm = {FM_DTYPE_Q8_0, Tmax, cols, q, NULL};
         for (int t = 0; t < Tmax; t++) fm_matrix_row_f32(&xm, t, xe + t * cols);
+        free(q);
+    }
+    if (fm_dtype_is_k_quant(dt)) { /* likewise Q8_K: d * q */
+        fm_block_q8_K *q = malloc(sizeof *q * (size_t)(Tmax * cols / FM_QK_K));
+        fm_quant_q8_K_ref(x, q, Tmax * cols);
+        for (int64_t i = 0; i < Tmax * cols; i++) xe[i] = q[i / FM_QK_K].d * q[i / FM_QK_K].qs[i % FM_QK_K];
         free(q);
     }
     for (int ti = 0; ti < N_TOKENS; ti++) {
@@ -466,8 +493,13 @@ int main(void) {
     fm_pool *pool = fm_pool_create(2);
     static const int64_t shapes[][2] = {{1, 32}, {5, 64}, {37, 96}, {67, 256}, {13, 1056}};
     for (int dt = 0; dt < FM_DTYPE_COUNT; dt++)
-        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes && !fm_dtype_is_k_quant(dt); s++)
             test_type((fm_dtype)dt, shapes[s][0], shapes[s][1], pool);
+    /* K-quants: cols in blocks of 256, up to Qwen3-4B's dim. */
+    static const int64_t k_shapes[][2] = {{1, 256}, {5, 512}, {37, 768}, {13, 2560}};
+    for (int dt = FM_DTYPE_Q4_K; dt <= FM_DTYPE_Q6_K; dt++)
+        for (size_t s = 0; s < sizeof k_shapes / sizeof *k_shapes; s++)
+            test_type((fm_dtype)dt, k_shapes[s][0], k_shapes[s][1], pool);
     /* Float types also take any cols: tails shorter than a vector. */
     for (int dt = FM_DTYPE_F32; dt <= FM_DTYPE_BF16; dt++) {
         test_type((fm_dtype)dt, 9, 100, pool);
@@ -478,6 +510,10 @@ int main(void) {
         test_batch_independence(FM_DTYPE_Q8_0, bi_shapes[s][0], bi_shapes[s][1], pool);
     for (int dt = FM_DTYPE_F32; dt <= FM_DTYPE_BF16; dt++)
         test_batch_independence((fm_dtype)dt, 13, 100, pool);
+    for (int dt = FM_DTYPE_Q4_K; dt <= FM_DTYPE_Q6_K; dt++) {
+        test_batch_independence((fm_dtype)dt, 67, 2560, pool);
+        test_batch_independence((fm_dtype)dt, 21, 9728, pool);
+    }
     test_multi(pool);
     for (size_t s = 0; s < sizeof bi_shapes / sizeof *bi_shapes; s++)
         test_prepacked(bi_shapes[s][0], bi_shapes[s][1], pool);

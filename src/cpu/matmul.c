@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "cpu/cpu_features.h"
 #include "cpu/matmul_kernels.h"
+#include "cpu/quant_k.h"
 
 typedef struct {
     fm_mm_kernel kern[FM_DTYPE_COUNT]; /* Q8_0: the scalar kernel; SIMD levels use q8 instead */
@@ -37,7 +38,10 @@ static const fm_mm_table k_scalar = {
     .kern = {[FM_DTYPE_F32] = fm_mm_f32_scalar,
              [FM_DTYPE_F16] = fm_mm_f16_scalar,
              [FM_DTYPE_BF16] = fm_mm_bf16_scalar,
-             [FM_DTYPE_Q8_0] = fm_mm_q8_0_scalar},
+             [FM_DTYPE_Q8_0] = fm_mm_q8_0_scalar,
+             [FM_DTYPE_Q4_K] = fm_mm_q4_K_scalar,
+             [FM_DTYPE_Q5_K] = fm_mm_q5_K_scalar,
+             [FM_DTYPE_Q6_K] = fm_mm_q6_K_scalar},
     .quant = fm_quant_q8_0_scalar,
 };
 
@@ -47,7 +51,10 @@ static const fm_mm_table k_avx2 = {
     .kern = {[FM_DTYPE_F32] = fm_mm_f32_avx2,
              [FM_DTYPE_F16] = fm_mm_f16_avx2,
              [FM_DTYPE_BF16] = fm_mm_bf16_avx2,
-             [FM_DTYPE_Q8_0] = fm_mm_q8_0_scalar},
+             [FM_DTYPE_Q8_0] = fm_mm_q8_0_scalar,
+             [FM_DTYPE_Q4_K] = fm_mm_q4_K_scalar,
+             [FM_DTYPE_Q5_K] = fm_mm_q5_K_scalar,
+             [FM_DTYPE_Q6_K] = fm_mm_q6_K_scalar},
     .quant = fm_quant_q8_0_avx2,
     .q8 = &fm_q8_family_avx2,
 };
@@ -223,6 +230,36 @@ static void matmul_q8_0_nomem(const fm_matrix *w, const float *x, int T, float *
     }
 }
 
+/* The same fallback for the K-quants: one Q8_K block on the stack at a time. */
+static void matmul_k_nomem(const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
+    const int64_t nb = w->cols / FM_QK_K;
+    const size_t bb = (size_t)fm_dtype_block_bytes(w->dtype);
+    for (int64_t r = 0; r < w->rows; r++) {
+        const char *wr = (const char *)w->data + (size_t)r * (size_t)nb * bb;
+        for (int t = 0; t < T; t++) {
+            float s = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                fm_block_q8_K xb;
+                fm_quant_q8_K_ref(x + (int64_t)t * w->cols + b * FM_QK_K, &xb, FM_QK_K);
+                const void *wb = wr + (size_t)b * bb;
+                if (w->dtype == FM_DTYPE_Q6_K) {
+                    const fm_block_q6_K *q = wb;
+                    s += fm_k_block_value(fm_f16_to_f32(q->d), 0.0f, xb.d, fm_k_sums_q6_K(q, &xb));
+                } else if (w->dtype == FM_DTYPE_Q5_K) {
+                    const fm_block_q5_K *q = wb;
+                    s += fm_k_block_value(fm_f16_to_f32(q->d), fm_f16_to_f32(q->dmin), xb.d,
+                                          fm_k_sums_q5_K(q, &xb));
+                } else {
+                    const fm_block_q4_K *q = wb;
+                    s += fm_k_block_value(fm_f16_to_f32(q->d), fm_f16_to_f32(q->dmin), xb.d,
+                                          fm_k_sums_q4_K(q, &xb));
+                }
+            }
+            y[(int64_t)t * w->rows + r] = s + (bias ? bias[r] : 0.0f);
+        }
+    }
+}
+
 enum { MM_MAX_PARTS = 16 };
 
 /* ys[i] = ws[i] x (+ biases[i]) for n matrices of one dtype and one cols, sharing x's preparation and one
@@ -259,6 +296,15 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *c
         }
         for (int t = 0; t < T; t++) tab->quant(x + (int64_t)t * cols, xq + t, NULL, cols, T);
         act.xq = xq;
+    } else if (fm_dtype_is_k_quant(dt)) {
+        const int64_t nb = cols / FM_QK_K;
+        fm_block_q8_K *xk = scratch_get((size_t)T * (size_t)nb * sizeof(fm_block_q8_K)); /* [T][nb] */
+        if (!xk) {
+            for (int i = 0; i < n; i++) matmul_k_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
+            return;
+        }
+        fm_quant_q8_K_ref(x, xk, (int64_t)T * cols);
+        act.xk = xk;
     } else if (dt == FM_DTYPE_BF16 && tab->split_bf16) {
         size_t m = (size_t)T * (size_t)cols, half = align64(m * sizeof(uint16_t));
         uint16_t *buf = scratch_get(2 * half);
@@ -326,7 +372,8 @@ void fm_quantize_row_q8_0_reference(const float *x, fm_block_q8_0 *y, int64_t n)
 int fm_matrix_check(const fm_matrix *w, char *err, size_t errlen) {
     if (!w) return fm_set_error(err, errlen, "matmul: matrix is NULL");
     if ((unsigned)w->dtype >= FM_DTYPE_COUNT)
-        return fm_set_error(err, errlen, "matmul: unknown dtype %d (expected f32, f16, bf16 or q8_0)",
+        return fm_set_error(err, errlen,
+                            "matmul: unknown dtype %d (expected f32, f16, bf16, q8_0, q4_k, q5_k or q6_k)",
                             (int)w->dtype);
     if (w->rows <= 0 || w->cols <= 0)
         return fm_set_error(err, errlen, "matmul: shape %lldx%lld, expected positive rows and cols",
@@ -395,6 +442,12 @@ void fm_matrix_row_f32(const fm_matrix *w, int64_t row, float *out) {
         }
         break;
     }
+    case FM_DTYPE_Q4_K:
+    case FM_DTYPE_Q5_K:
+    case FM_DTYPE_Q6_K:
+        fm_dequant_row_k(w->dtype, (const char *)w->data + (size_t)row * fm_dtype_row_bytes(w->dtype, K), out,
+                         K);
+        break;
     case FM_DTYPE_COUNT:
         break;
     }

@@ -29,6 +29,8 @@ typedef struct {
                           int16 pairs, see matmul_q8_avx2.c) */
     const float *xs;   /* [T][ng][G] f32 value of each block's f16 scale; 0 in the padding */
     const int32_t *xc; /* [T][ng][G] 128 * (sum of the block's int8 values): the VNNI kernel's correction */
+    /* K-quant weights: */
+    const fm_block_q8_K *xk; /* [T][cols / 256] Q8_K activations, token-major */
     /* BF16 weights with AVX512-BF16: */
     const uint16_t *xbf_hi; /* [T][cols] bf16(x) */
     const uint16_t *xbf_lo; /* [T][cols] bf16(x - f32(xbf_hi)): hi + lo carries ~16 mantissa bits */
@@ -66,6 +68,12 @@ void fm_mm_bf16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const f
 void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                        int64_t r1, void *tls);
 void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
+void fm_mm_q4_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls);
+void fm_mm_q5_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls);
+void fm_mm_q6_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls);
 
 /* Compiled with AVX2+FMA+F16C; call only when fm_cpu_isa() >= FM_ISA_AVX2. */
 void fm_mm_f32_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,

@@ -1,10 +1,12 @@
 /* matmul_scalar.c: the scalar reference kernel of every weight type, and the reference Q8_0 activation
  * quantiser. Plain loops in the order the math is written: the SIMD kernels are tested against these.
  * f32 accumulation throughout; Q8_0 sums each block's int8 products exactly in int32, then adds
- * isum * (d_w * d_x) in f32, block by block, as ggml's vec_dot_q8_0_q8_0 does. */
+ * isum * (d_w * d_x) in f32, block by block, as ggml's vec_dot_q8_0_q8_0 does. The K-quants sum each
+ * super-block exactly in integers (quant_k.h) and add its value in f32, block by block. */
 #include <math.h>
 
 #include "cpu/matmul_kernels.h"
+#include "cpu/quant_k.h"
 
 static float out_bias(const float *bias, int64_t r) {
     return bias ? bias[r] : 0.0f;
@@ -92,3 +94,26 @@ void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n,
         if (d) d[b] = fm_f16_to_f32(y[b].d);
     }
 }
+
+/* The K-quant kernels: one function per type, the block sums from quant_k.c. */
+#define FM_MM_K_SCALAR(name, block_t, sums_fn, has_min)                                                      \
+    void name(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0, int64_t r1,   \
+              void *tls) {                                                                                   \
+        (void)tls;                                                                                           \
+        const int64_t nb = w->cols / FM_QK_K;                                                                \
+        for (int64_t r = r0; r < r1; r++) {                                                                  \
+            const block_t *wr = (const block_t *)w->data + r * nb;                                           \
+            for (int t = 0; t < a->T; t++) {                                                                 \
+                const fm_block_q8_K *xt = a->xk + (int64_t)t * nb;                                           \
+                float s = 0;                                                                                 \
+                for (int64_t b = 0; b < nb; b++)                                                             \
+                    s +=                                                                                     \
+                        fm_k_block_value(fm_f16_to_f32(wr[b].d), has_min, xt[b].d, sums_fn(&wr[b], &xt[b])); \
+                y[(int64_t)t * w->rows + r] = s + out_bias(bias, r);                                         \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+
+FM_MM_K_SCALAR(fm_mm_q4_K_scalar, fm_block_q4_K, fm_k_sums_q4_K, fm_f16_to_f32(wr[b].dmin))
+FM_MM_K_SCALAR(fm_mm_q5_K_scalar, fm_block_q5_K, fm_k_sums_q5_K, fm_f16_to_f32(wr[b].dmin))
+FM_MM_K_SCALAR(fm_mm_q6_K_scalar, fm_block_q6_K, fm_k_sums_q6_K, 0.0f)

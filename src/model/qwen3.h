@@ -51,6 +51,10 @@ int qwen3_model_load(const char *path, qwen3_model **out, char *err, size_t errl
 void qwen3_model_free(qwen3_model *m);
 /* Bytes of weights one decode step reads (all matrices + the lm_head), for roofline figures. */
 uint64_t qwen3_model_weight_bytes(const qwen3_model *m);
+/* The distinct types of the model's matrices (lm_head and token table included), most bytes first, joined
+ * by '+' into buf ("q8_0", "q4_k+q6_k"); and whether every matrix is of type t. */
+void qwen3_model_weight_types(const qwen3_model *m, char *buf, size_t len);
+int qwen3_model_all_matrices(const qwen3_model *m, fm_dtype t);
 /* For CPU decoding: the weights move into anonymous huge pages (gguf_make_resident); 1 when done. */
 int qwen3_model_make_resident(qwen3_model *m, fm_pool *pool);
 

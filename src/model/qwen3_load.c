@@ -30,9 +30,10 @@ static int bind_matrix(const gguf_file *f, const char *name, int64_t rows, int64
                             gguf_path(f), name, (long long)cols, (long long)rows, (long long)t->ne[0],
                             t->n_dims > 1 ? (long long)t->ne[1] : 1LL, t->n_dims);
     if (!t->supported)
-        return fm_set_error(err, errlen,
-                            "%s: tensor %s: weight type %u is not supported (f32, f16, bf16, q8_0)",
-                            gguf_path(f), name, t->ggml_type);
+        return fm_set_error(
+            err, errlen,
+            "%s: tensor %s: weight type %u is not supported (f32, f16, bf16, q8_0, q4_k, q5_k, q6_k)",
+            gguf_path(f), name, t->ggml_type);
     m->dtype = t->dtype;
     m->rows = rows;
     m->cols = cols;
@@ -48,7 +49,7 @@ static int bind_vector(const gguf_file *f, const char *name, int64_t n, float **
     if (t->n_dims != 1 || t->ne[0] != n)
         return fm_set_error(err, errlen, "%s: tensor %s: expected shape [%lld], found [%lld] (%u dims)",
                             gguf_path(f), name, (long long)n, (long long)t->ne[0], t->n_dims);
-    if (!t->supported || t->dtype == FM_DTYPE_Q8_0)
+    if (!t->supported || fm_dtype_block_elems(t->dtype) != 1)
         return fm_set_error(err, errlen,
                             "%s: tensor %s: type %u is not supported for a norm (f32, f16, bf16)",
                             gguf_path(f), name, t->ggml_type);
@@ -189,6 +190,50 @@ uint64_t qwen3_model_weight_bytes(const qwen3_model *m) {
              matrix_bytes(&L->w_gate) + matrix_bytes(&L->w_up) + matrix_bytes(&L->w_down);
     }
     return b;
+}
+
+/* Calls fn on every matrix of the model (the token table, the lm_head when untied, every layer's). */
+static void each_matrix(const qwen3_model *m, void (*fn)(const fm_matrix *, void *), void *ctx) {
+    fn(&m->tok_embd, ctx);
+    if (!m->hp.tied) fn(&m->output, ctx);
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        const qwen3_layer *L = &m->layers[l];
+        const fm_matrix *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) fn(ws[i], ctx);
+    }
+}
+
+static void add_type_bytes(const fm_matrix *w, void *ctx) {
+    ((uint64_t *)ctx)[w->dtype] += matrix_bytes(w);
+}
+
+void qwen3_model_weight_types(const qwen3_model *m, char *buf, size_t len) {
+    uint64_t bytes[FM_DTYPE_COUNT] = {0};
+    each_matrix(m, add_type_bytes, bytes);
+    size_t at = 0;
+    if (len) buf[0] = 0;
+    for (;;) {
+        int best = -1;
+        for (int t = 0; t < FM_DTYPE_COUNT; t++)
+            if (bytes[t] && (best < 0 || bytes[t] > bytes[best])) best = t;
+        if (best < 0) break;
+        bytes[best] = 0;
+        int n =
+            snprintf(buf + at, len > at ? len - at : 0, "%s%s", at ? "+" : "", fm_dtype_name((fm_dtype)best));
+        if (n < 0 || (size_t)n >= (len > at ? len - at : 0)) break;
+        at += (size_t)n;
+    }
+}
+
+static void count_type(const fm_matrix *w, void *ctx) {
+    ((int *)ctx)[w->dtype]++;
+}
+
+int qwen3_model_all_matrices(const qwen3_model *m, fm_dtype t) {
+    int n[FM_DTYPE_COUNT] = {0}, total = 0;
+    each_matrix(m, count_type, n);
+    for (int i = 0; i < FM_DTYPE_COUNT; i++) total += n[i];
+    return n[t] == total;
 }
 
 int qwen3_model_make_resident(qwen3_model *m, fm_pool *pool) {
