@@ -2,16 +2,23 @@
  *   - tensor names, shapes, types and metadata exactly as llama.cpp's Qwen3 GGUFs (tied and untied);
  *   - stored values equal the generator (f32), and Q8_0 blocks equal the generator quantised; the quantiser
  *     equals a plain transcription of ggml's quantize_row_q8_0_ref (roundf, MAX) on awkward inputs;
+ *   - K-quants: the quantisers' output decodes (fm_dequant_row_k) to within half a step of every weight, a
+ *     step at most one scale unit above the sub-block's range / levels, with round-to-nearest's RMS error;
+ *     the Q4_K_M / Q5_K_M mixes give llama.cpp's per-tensor types (written out by hand below) and file
+ *     types, and the stored blocks are the generator's rows quantised;
  *   - determinism: same seed -> same bytes whatever the thread count, another seed -> other weights;
  *   - scale: matrix std near its target, norm weights near 1, token rows of distinct norms;
  *   - validation errors and the default vocabulary rule.
- * (tests/test_synth_gguf_py.py checks the same files with gguf-py and a numpy forward pass.) */
+ * (tests/test_synth_gguf_py.py checks the same files with gguf-py and a numpy forward pass;
+ * tests/test_quant_k.c checks that gguf-py decodes our K-quant blocks to the same floats as
+ * fm_dequant_row_k.) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "cpu/quant_k.h"
 #include "io/gguf.h"
 #include "model/qwen3_synth.h"
 #include "test_util.h"
@@ -65,13 +72,14 @@ static void check_layout(gguf_file *f, const qwen3_synth_params *p, int vocab) {
     CHECK(gguf_get_arr_len(f, "tokenizer.ggml.tokens", &n, err, sizeof err) == 0 && n == (uint64_t)vocab);
     const int64_t d = p->dim, q = (int64_t)p->n_heads * p->head_dim,
                   kv = (int64_t)p->n_kv_heads * p->head_dim;
-    const fm_dtype w = p->wtype, f32 = FM_DTYPE_F32;
-    expect_tensor(f, "token_embd.weight", d, vocab, w);
+    const fm_dtype f32 = FM_DTYPE_F32;
+    expect_tensor(f, "token_embd.weight", d, vocab, qwen3_synth_tensor_dtype(p, "token_embd.weight"));
     expect_tensor(f, "output_norm.weight", d, 0, f32);
     if (p->tied)
         CHECK(gguf_find_tensor(f, "output.weight") == NULL);
     else
-        expect_tensor(f, "output.weight", d, vocab, w);
+        expect_tensor(f, "output.weight", d, vocab, qwen3_synth_tensor_dtype(p, "output.weight"));
+    expect_u32(f, "general.file_type", qwen3_synth_file_type(p));
     static const char *const norms[] = {"attn_norm", "attn_q_norm", "attn_k_norm", "ffn_norm"};
     for (int l = 0; l < p->n_layers; l++) {
         for (int i = 0; i < 4; i++) {
@@ -86,7 +94,7 @@ static void check_layout(gguf_file *f, const qwen3_synth_params *p, int vocab) {
                     {"ffn_down", p->ffn, d}};
         for (int i = 0; i < 7; i++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, mats[i].n);
-            expect_tensor(f, name, mats[i].ne0, mats[i].ne1, w);
+            expect_tensor(f, name, mats[i].ne0, mats[i].ne1, qwen3_synth_tensor_dtype(p, name));
         }
     }
     CHECK(gguf_n_tensors(f) == 11 * p->n_layers + 2 + !p->tied);
@@ -130,6 +138,263 @@ static void test_quantizer(void) {
     ref_q8_0(x, b, N);
     CHECK(memcmp(a, b, sizeof a) == 0);
     CHECK(a[0].d == 0 && a[0].qs[5] == 0);
+}
+
+/* ---- K-quants ---- */
+
+static uint64_t lcg_state = 99;
+static float lcg_uniform(void) { /* [-1, 1) */
+    lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((int64_t)(lcg_state >> 11) - (1ll << 52)) / (float)(1ll << 52);
+}
+
+/* Blocks of 256 that test the quantisers' corners, then ordinary random rows (sums of 4 uniforms). */
+#define KQ_BLOCKS 16
+static void k_inputs(float *x) {
+    for (int b = 0; b < KQ_BLOCKS; b++) {
+        float *v = x + 256 * b;
+        for (int i = 0; i < 256; i++) {
+            const float u = lcg_uniform();
+            switch (b) {
+            case 0:
+                v[i] = 0.0f;
+                break; /* all zero: d = dmin = 0 */
+            case 1:
+                v[i] = 3.0f * u;
+                break; /* plain uniform */
+            case 2:
+                v[i] = 1.0f + 0.5f * u;
+                break; /* all positive: mins 0 */
+            case 3:
+                v[i] = -1.0f + 0.5f * u;
+                break; /* all negative */
+            case 4:
+                v[i] = (float)(i / 16 % 5) * 0.25f - 0.5f;
+                break; /* constant sub-blocks */
+            case 5:
+                v[i] = u * powf(10.0f, -(float)(i / 32) * 0.5f);
+                break; /* sub-blocks 1 .. 3e-4 */
+            case 6:
+                v[i] = 1e-6f * u;
+                break; /* f16-subnormal scales */
+            case 7:
+                v[i] = i == 77 ? 100.0f : 0.01f * u;
+                break; /* one outlier */
+            case 8:
+                v[i] = 1000.0f * u;
+                break; /* large */
+            case 9:
+                v[i] = (float)(i % 7) - 3.0f;
+                break; /* exact levels, ties */
+            default: {
+                const float g = u + lcg_uniform() + lcg_uniform() + lcg_uniform(); /* ~ normal, std 1.15 */
+                v[i] = 0.02f * g;
+            }
+            }
+        }
+    }
+}
+
+/* For sub-block j of a decoded block: its step (d * sc), the super-block's scale units. */
+typedef struct {
+    float step[16], unit, min_unit;
+    int n_sub;
+} k_steps;
+
+static k_steps block_steps(fm_dtype t, const void *blk) {
+    k_steps s = {{0}, 0, 0, 0};
+    if (t == FM_DTYPE_Q6_K) {
+        const fm_block_q6_K *b = blk;
+        s.unit = fm_f16_to_f32(b->d), s.n_sub = 16;
+        for (int j = 0; j < 16; j++) s.step[j] = s.unit * b->scales[j];
+    } else {
+        const fm_block_q4_K *b4 = blk;
+        const fm_block_q5_K *b5 = blk;
+        const uint16_t d = t == FM_DTYPE_Q4_K ? b4->d : b5->d, dm = t == FM_DTYPE_Q4_K ? b4->dmin : b5->dmin;
+        const uint8_t *sc = t == FM_DTYPE_Q4_K ? b4->scales : b5->scales;
+        s.unit = fm_f16_to_f32(d), s.min_unit = fm_f16_to_f32(dm), s.n_sub = 8;
+        for (int j = 0; j < 8; j++) {
+            uint8_t a, m;
+            fm_k_scale_min(j, sc, &a, &m);
+            s.step[j] = s.unit * a;
+        }
+    }
+    return s;
+}
+
+/* The f16 rounding of a scale, upwards: at most one f16 ulp (2^-10 relative, 2^-24 among subnormals). */
+static int f16_up_ok(float got, float want) {
+    return got >= want * (1.0f - 1e-7f) && got <= want * (1.0f + 1.0f / 1024) + 6e-8f;
+}
+
+static void test_quantizer_k(void) {
+    enum { N = 256 * KQ_BLOCKS };
+    static float x[N], y[N];
+    static uint8_t q[N / 256 * sizeof(fm_block_q6_K)]; /* the largest K block */
+    k_inputs(x);
+    const fm_dtype types[] = {FM_DTYPE_Q4_K, FM_DTYPE_Q5_K, FM_DTYPE_Q6_K};
+    const double rms_bound[] = {0.09, 0.045, 0.022}; /* relative RMS error on the random rows */
+    for (int ti = 0; ti < 3; ti++) {
+        const fm_dtype t = types[ti];
+        const int bb = fm_dtype_block_bytes(t), nmax = t == FM_DTYPE_Q4_K ? 15 : 31;
+        memset(q, 0xAA, sizeof q);
+        qwen3_synth_quantize_k(t, x, q, N);
+        fm_dequant_row_k(t, q, y, N);
+        int bad_err = 0, bad_step = 0, bad_unit = 0;
+        double e2 = 0, x2 = 0, e2_all = 0, step2_all = 0;
+        for (int b = 0; b < KQ_BLOCKS; b++) {
+            const k_steps st = block_steps(t, q + (size_t)b * bb);
+            const int sub = 256 / st.n_sub;
+            float need_max = 0, off_max = 0, lo[16], hi[16];
+            for (int j = 0; j < st.n_sub; j++) { /* the sub-block's range, from the input alone */
+                lo[j] = t == FM_DTYPE_Q6_K ? 0 : fminf(0.0f, x[256 * b + sub * j]), hi[j] = lo[j];
+                for (int k = 0; k < sub; k++) {
+                    const float v = x[256 * b + sub * j + k];
+                    lo[j] = t == FM_DTYPE_Q6_K ? fmaxf(lo[j], fabsf(v)) : fminf(lo[j], v);
+                    hi[j] = fmaxf(hi[j], v);
+                }
+                off_max = fmaxf(off_max, -lo[j]);
+            }
+            /* the super-block scales: the smallest f16s whose 63 (127) units cover the largest need */
+            if (t != FM_DTYPE_Q6_K) bad_unit += !f16_up_ok(st.min_unit, off_max / 63);
+            for (int j = 0; j < st.n_sub; j++) {
+                const float range = t == FM_DTYPE_Q6_K ? 2 * lo[j] : hi[j] - lo[j] + st.min_unit;
+                const float ideal = range / (t == FM_DTYPE_Q6_K ? 62 : nmax);
+                if (t != FM_DTYPE_Q6_K) {
+                    /* what the writer needed: max + its rounded-up offset, over nmax */
+                    uint8_t a, m;
+                    fm_k_scale_min(j, ((const fm_block_q4_K *)(q + (size_t)b * bb))->scales, &a, &m);
+                    need_max = fmaxf(need_max, fmaxf(0.0f, hi[j] + st.min_unit * m) / nmax);
+                } else {
+                    need_max = fmaxf(need_max, lo[j] / 31);
+                }
+                bad_step += !(st.step[j] <= (ideal + st.unit) * (1 + 1e-6f));
+                for (int k = 0; k < sub; k++) {
+                    const int i = 256 * b + sub * j + k;
+                    const float slack =
+                        1e-6f * (fabsf(x[i]) + (t == FM_DTYPE_Q6_K ? 0 : -lo[j] + st.min_unit));
+                    const float e = fabsf(x[i] - y[i]);
+                    if (!(e <= 0.5f * st.step[j] + slack)) {
+                        if (bad_err++ < 5)
+                            fprintf(stderr, "%s block %d weight %d: %.9g -> %.9g, step %.9g\n",
+                                    fm_dtype_name(t), b, sub * j + k, x[i], y[i], st.step[j]);
+                    }
+                    if (b >= 10) e2 += (double)e * e, x2 += (double)x[i] * x[i];
+                    if (b >= 10) e2_all += (double)e * e, step2_all += (double)st.step[j] * st.step[j];
+                }
+            }
+            bad_unit += !f16_up_ok(st.unit, need_max / (t == FM_DTYPE_Q6_K ? 127 : 63));
+        }
+        CHECK_MSG(bad_err == 0, "%s: %d weights off by more than half their step", fm_dtype_name(t), bad_err);
+        CHECK_MSG(bad_step == 0, "%s: %d steps above range / levels + one unit", fm_dtype_name(t), bad_step);
+        CHECK_MSG(bad_unit == 0, "%s: %d super-block scales not the f16 at or just above the need",
+                  fm_dtype_name(t), bad_unit);
+        /* round to nearest: errors spread uniformly over +-step/2 have RMS step / sqrt(12) = 0.289 step
+         * (truncation would give 0.577); and the absolute RMS error of 4-, 5- and 6-bit levels */
+        const double rel = sqrt(e2 / x2), per_step = sqrt(e2_all / step2_all);
+        printf("%s: relative RMS error %.4f, RMS error / RMS step %.3f\n", fm_dtype_name(t), rel, per_step);
+        CHECK_MSG(per_step > 0.25 && per_step < 0.32, "%s: RMS error / step %.3f", fm_dtype_name(t),
+                  per_step);
+        CHECK_MSG(rel < rms_bound[ti], "%s: relative RMS error %.4f", fm_dtype_name(t), rel);
+        int zeros = 1;
+        for (int i = 0; i < 256; i++) zeros &= y[i] == 0.0f;
+        CHECK_MSG(zeros, "%s: the zero block does not decode to zeros", fm_dtype_name(t));
+    }
+}
+
+/* llama.cpp's Q4_K_M / Q5_K_M types, written out by hand for 8 and 36 layers (see qwen3_synth.c). */
+static void test_mix_rule(void) {
+    qwen3_synth_params p;
+    qwen3_synth_preset("qwen3-4b", &p);
+    CHECK(qwen3_synth_parse_type("Q4_K_M", &p) == 0 && p.wtype == FM_DTYPE_Q4_K && p.mix == QWEN3_SYNTH_K_M);
+    CHECK(qwen3_synth_file_type(&p) == 15 && !strcmp(qwen3_synth_type_name(&p), "q4_k_m"));
+    char err[FM_ERROR_LEN];
+    CHECK_MSG(qwen3_synth_validate(&p, err, sizeof err) == 0, "%s", err); /* Qwen3-4B's dims: 256 k */
+    static const int q6_36[] = {0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 31, 32, 33, 34, 35};
+    char name[64];
+    for (int l = 0, k = 0; l < 36; l++) {
+        const int six = k < (int)(sizeof q6_36 / sizeof q6_36[0]) && q6_36[k] == l;
+        k += six;
+        snprintf(name, sizeof name, "blk.%d.attn_v.weight", l);
+        CHECK_MSG(qwen3_synth_tensor_dtype(&p, name) == (six ? FM_DTYPE_Q6_K : FM_DTYPE_Q4_K), "%s", name);
+        snprintf(name, sizeof name, "blk.%d.ffn_down.weight", l);
+        CHECK_MSG(qwen3_synth_tensor_dtype(&p, name) == (six ? FM_DTYPE_Q6_K : FM_DTYPE_Q4_K), "%s", name);
+        static const char *const base[] = {"attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"};
+        for (int i = 0; i < 5; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, base[i]);
+            CHECK_MSG(qwen3_synth_tensor_dtype(&p, name) == FM_DTYPE_Q4_K, "%s", name);
+        }
+        snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", l);
+        CHECK(qwen3_synth_tensor_dtype(&p, name) == FM_DTYPE_F32);
+    }
+    CHECK(qwen3_synth_tensor_dtype(&p, "token_embd.weight") == FM_DTYPE_Q6_K); /* tied: it is the lm_head */
+    CHECK(qwen3_synth_tensor_dtype(&p, "output_norm.weight") == FM_DTYPE_F32);
+    p.tied = 0;
+    CHECK(qwen3_synth_tensor_dtype(&p, "token_embd.weight") == FM_DTYPE_Q4_K);
+    CHECK(qwen3_synth_tensor_dtype(&p, "output.weight") == FM_DTYPE_Q6_K);
+    p.n_layers = 8; /* n / 8 = 1, 7 n / 8 = 7: layers 0, 7 and (i - 1) % 3 == 2 */
+    CHECK(qwen3_synth_parse_type("q5_k_m", &p) == 0 && qwen3_synth_file_type(&p) == 17);
+    for (int l = 0; l < 8; l++) {
+        snprintf(name, sizeof name, "blk.%d.ffn_down.weight", l);
+        const int six = l == 0 || l == 3 || l == 6 || l == 7;
+        CHECK_MSG(qwen3_synth_tensor_dtype(&p, name) == (six ? FM_DTYPE_Q6_K : FM_DTYPE_Q5_K), "%s", name);
+    }
+    static const struct {
+        const char *name;
+        uint32_t ftype;
+        fm_dtype all;
+    } pure[] = {{"q4_k", 14, FM_DTYPE_Q4_K}, {"q5_k", 16, FM_DTYPE_Q5_K}, {"q6_k", 18, FM_DTYPE_Q6_K},
+                {"q8_0", 7, FM_DTYPE_Q8_0},  {"bf16", 32, FM_DTYPE_BF16}, {"f16", 1, FM_DTYPE_F16},
+                {"f32", 0, FM_DTYPE_F32}};
+    for (int i = 0; i < 7; i++) {
+        CHECK(qwen3_synth_parse_type(pure[i].name, &p) == 0 && p.mix == QWEN3_SYNTH_PURE);
+        CHECK(qwen3_synth_file_type(&p) == pure[i].ftype && !strcmp(qwen3_synth_type_name(&p), pure[i].name));
+        CHECK(qwen3_synth_tensor_dtype(&p, "output.weight") == pure[i].all &&
+              qwen3_synth_tensor_dtype(&p, "blk.0.attn_v.weight") == pure[i].all);
+    }
+    CHECK(qwen3_synth_parse_type("q4_k_mm", &p) == -1 && qwen3_synth_parse_type("q6_k_m", &p) == -1);
+    CHECK(p.wtype == FM_DTYPE_F32); /* unchanged by a failed parse */
+}
+
+/* A small K-quant model: the layout and types, and every matrix's blocks == its generator rows quantised. */
+static void test_k_model(const char *type, int tied) {
+    char err[FM_ERROR_LEN], path[64];
+    qwen3_synth_params p;
+    qwen3_synth_preset("tiny", &p);
+    p.n_layers = 8, p.dim = 256, p.n_heads = 2, p.n_kv_heads = 1, p.head_dim = 128, p.ffn = 512;
+    p.tied = tied, p.seed = 5, p.n_threads = 2;
+    CHECK(qwen3_synth_parse_type(type, &p) == 0);
+    snprintf(path, sizeof path, "synth_%s_%d.gguf", type, tied);
+    const char *fp = tmp_path(path);
+    CHECK_MSG(qwen3_synth_write(&p, fp, err, sizeof err) == 0, "%s", err);
+    gguf_file *f = gguf_open(fp, err, sizeof err);
+    CHECK_MSG(f != NULL, "%s", err);
+    if (!f) return;
+    int n_tok = 0;
+    qwen3_synth_tokenizer_size(NULL, &n_tok, err, sizeof err);
+    check_layout(f, &p, qwen3_synth_default_vocab(n_tok));
+    int n_bad = 0, n_rows = 0, n_q6 = 0;
+    static float row[512];
+    static uint8_t want[2 * sizeof(fm_block_q6_K)];
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (t->n_dims != 2) continue;
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        const size_t rb = fm_dtype_row_bytes(t->dtype, t->ne[0]);
+        n_q6 += t->dtype == FM_DTYPE_Q6_K;
+        for (int64_t r = 0; r < t->ne[1]; r++, n_rows++) {
+            n_bad += qwen3_synth_row(&p, name, r, row) != t->ne[0];
+            qwen3_synth_quantize_k(t->dtype, row, want, t->ne[0]);
+            n_bad += memcmp((const uint8_t *)t->data + (size_t)r * rb, want, rb) != 0;
+        }
+    }
+    CHECK_MSG(n_bad == 0 && n_rows > 100, "%s: %d of %d rows differ from the generator quantised", type,
+              n_bad, n_rows);
+    CHECK(n_q6 == (!strcmp(type, "q6_k") ? 58 - tied
+                   : strstr(type, "_m")  ? 9
+                                         : 0)); /* 4 layers x 2 + lm_head */
+    gguf_close(f);
 }
 
 static void test_tiny(void) {
@@ -244,6 +509,11 @@ static void test_determinism(void) {
     CHECK(qwen3_synth_value(&p, "blk.0.attn_v.weight", 3, 5) !=
           qwen3_synth_value(&p, "blk.0.attn_k.weight", 3, 5));
     CHECK(isnan(qwen3_synth_value(&p, "no.such.tensor", 0, 0)));
+    CHECK(isnan(qwen3_synth_value(&p, "blk.0.attn_v.weight", 0, 64))); /* [64, 32]: col 64 is outside */
+    float r[64];
+    CHECK(qwen3_synth_row(&p, "no.such.tensor", 0, r) == 0);
+    CHECK(qwen3_synth_row(&p, "blk.0.attn_v.weight", 3, r) == 64 &&
+          r[5] == qwen3_synth_value(&p, "blk.0.attn_v.weight", 3, 5));
 }
 
 static void test_validation(void) {
@@ -267,6 +537,18 @@ static void test_validation(void) {
     qwen3_synth_preset("tiny", &p);
     p.n_layers = 0;
     CHECK(qwen3_synth_validate(&p, err, sizeof err) == -1 && strstr(err, "layers"));
+    qwen3_synth_preset("tiny", &p); /* dim 64 */
+    CHECK(qwen3_synth_parse_type("q4_k_m", &p) == 0);
+    CHECK(qwen3_synth_validate(&p, err, sizeof err) == -1 && strstr(err, "dim = 64") && strstr(err, "256") &&
+          strstr(err, "q4_k_m"));
+    p.dim = 256, p.n_heads = 2, p.head_dim = 64; /* heads * head-dim = 128 */
+    CHECK(qwen3_synth_validate(&p, err, sizeof err) == -1 && strstr(err, "heads * head-dim = 128"));
+    p.head_dim = 128, p.ffn = 384;
+    CHECK(qwen3_synth_validate(&p, err, sizeof err) == -1 && strstr(err, "ffn = 384"));
+    p.ffn = 512;
+    CHECK_MSG(qwen3_synth_validate(&p, err, sizeof err) == 0, "%s", err);
+    p.wtype = FM_DTYPE_Q8_0; /* a K_M mix of a non-K type */
+    CHECK(qwen3_synth_validate(&p, err, sizeof err) == -1 && strstr(err, "weight type"));
     qwen3_synth_preset("tiny", &p);
     p.vocab = 10;
     CHECK(qwen3_synth_write(&p, tmp_path("synth_bad.gguf"), err, sizeof err) == -1 &&
@@ -283,6 +565,12 @@ static void test_validation(void) {
 
 int main(void) {
     test_quantizer();
+    test_quantizer_k();
+    test_mix_rule();
+    test_k_model("q4_k_m", 0);
+    test_k_model("q5_k_m", 1);
+    test_k_model("q4_k", 1);
+    test_k_model("q6_k", 0);
     test_tiny();
     test_determinism();
     test_validation();

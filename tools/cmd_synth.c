@@ -37,7 +37,11 @@ static void usage(FILE *f) {
         "  --ffn N            feed-forward width\n"
         "  --vocab N          token table rows (default: the tokenizer's size rounded up as Qwen does,\n"
         "                     151936 for the Qwen3 tokenizer)\n"
-        "  --type T           f32, f16, bf16 or q8_0 for the matrices (norms stay f32)\n"
+        "  --type T           the matrices' type (norms stay f32): f32, f16, bf16, q8_0, q4_k, q5_k or\n"
+        "                     q6_k for every matrix, or llama.cpp's mixes q4_k_m / q5_k_m (Q4_K / Q5_K,\n"
+        "                     with Q6_K for the lm_head and for attn_v and ffn_down in the first and last\n"
+        "                     eighth of the layers and every third one between). The K types need dim,\n"
+        "                     heads * head-dim and ffn to be multiples of 256 (--preset qwen3-4b is)\n"
         "  --tied, --untied   share the token table as the output head, or write output.weight\n"
         "  --seed N           weights are a pure function of the seed (default 1234)\n"
         "  --ctx N            qwen3.context_length\n"
@@ -121,9 +125,12 @@ static int cmd_synth_target(int argc, char **argv) {
         else if (!strcmp(a, "--tokenizer"))
             p.tokenizer_json = v;
         else if (!strcmp(a, "--type")) {
-            if (fm_dtype_parse(v, &p.wtype)) {
-                fprintf(stderr, "flashmap synth target: --type expects f32, f16, bf16 or q8_0, got '%s'\n",
-                        v);
+            if (qwen3_synth_parse_type(v, &p)) {
+                fprintf(
+                    stderr,
+                    "flashmap synth target: --type expects f32, f16, bf16, q8_0, q4_k, q5_k, q6_k, q4_k_m "
+                    "or q5_k_m, got '%s'\n",
+                    v);
                 return 2;
             }
         } else if (!strcmp(a, "--seed")) {
@@ -186,7 +193,7 @@ static int cmd_synth_target(int argc, char **argv) {
     if (!quiet) {
         if (ps.tty && ps.last_pct >= 0) fputc('\n', stderr);
         fprintf(stderr, "synth: wrote %s (%d layers, dim %d, %s, %s) in %.1f s\n", out, p.n_layers, p.dim,
-                fm_dtype_name(p.wtype), p.tied ? "tied" : "untied", now_s() - ps.t0);
+                qwen3_synth_type_name(&p), p.tied ? "tied" : "untied", now_s() - ps.t0);
     }
     return 0;
 }

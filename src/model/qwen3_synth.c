@@ -22,9 +22,12 @@
  *   These constants were chosen with a numpy forward pass of 36-layer models (tests/test_synth_gguf_py.py
  *   checks the same properties): hidden RMS stays O(1), greedy continuations vary, top-2 gaps are wide.
  * Every value is hash(seed, tensor name, element index): a pure function, so any split over threads gives the
- * same file. Q8_0 tensors are those f32 values quantised per 32-block as ggml's quantize_row_q8_0_ref. */
+ * same file. Q8_0 tensors are those f32 values quantised per 32-block as ggml's quantize_row_q8_0_ref,
+ * K-quant tensors by qwen3_synth_quantize_k (below; the Q4_K_M / Q5_K_M per-tensor types follow llama.cpp).
+ */
 #include "model/qwen3_synth.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +72,81 @@ int qwen3_synth_default_vocab(int n_tokens) {
     return (n_tokens + 127) / 128 * 128;
 }
 
+/* ---- weight types ----
+ * The K_M mixes follow llama.cpp's llama-quantize for Q4_K_M and Q5_K_M (llama_tensor_get_type in
+ * src/llama-quant.cpp, read for its rules; a dense, non-Falcon model without an imatrix or overrides):
+ *   - the lm_head, i.e. output.weight, or token_embd.weight when the model is tied, is Q6_K; an untied
+ *     token_embd.weight keeps the base type;
+ *   - attn_v.weight and ffn_down.weight of layer i are Q6_K when "more bits" holds for (i, n_layers): i <
+ *     n / 8, or i >= 7 n / 8, or (i - n / 8) % 3 == 2 (integer division): about half the layers, the first
+ *     and last eighth and every third one between;
+ *   - every other matrix is the base type (Q4_K or Q5_K); norms stay f32.
+ * (llama.cpp falls back to other types for rows that are not a multiple of 256; we refuse such shapes.)
+ * The pure K types are what `llama-quantize --pure` writes: every matrix in that type. */
+
+static const struct {
+    const char *name;
+    fm_dtype wtype;
+    qwen3_synth_mix mix;
+    uint32_t file_type; /* llama_ftype */
+} synth_types[] = {
+    {"f32", FM_DTYPE_F32, QWEN3_SYNTH_PURE, 0},     {"f16", FM_DTYPE_F16, QWEN3_SYNTH_PURE, 1},
+    {"bf16", FM_DTYPE_BF16, QWEN3_SYNTH_PURE, 32},  {"q8_0", FM_DTYPE_Q8_0, QWEN3_SYNTH_PURE, 7},
+    {"q4_k", FM_DTYPE_Q4_K, QWEN3_SYNTH_PURE, 14},  /* MOSTLY_Q4_K_S, as llama-quantize --pure Q4_K_S */
+    {"q5_k", FM_DTYPE_Q5_K, QWEN3_SYNTH_PURE, 16},  /* MOSTLY_Q5_K_S, as llama-quantize --pure Q5_K_S */
+    {"q6_k", FM_DTYPE_Q6_K, QWEN3_SYNTH_PURE, 18},  /* MOSTLY_Q6_K (llama-quantize Q6_K: all Q6_K) */
+    {"q4_k_m", FM_DTYPE_Q4_K, QWEN3_SYNTH_K_M, 15}, /* MOSTLY_Q4_K_M */
+    {"q5_k_m", FM_DTYPE_Q5_K, QWEN3_SYNTH_K_M, 17}, /* MOSTLY_Q5_K_M */
+};
+#define N_SYNTH_TYPES (int)(sizeof synth_types / sizeof synth_types[0])
+
+static int synth_type_index(const qwen3_synth_params *p) {
+    for (int i = 0; i < N_SYNTH_TYPES; i++)
+        if (synth_types[i].wtype == p->wtype && synth_types[i].mix == p->mix) return i;
+    return -1;
+}
+
+int qwen3_synth_parse_type(const char *name, qwen3_synth_params *p) {
+    for (int i = 0; i < N_SYNTH_TYPES; i++) {
+        const char *a = synth_types[i].name, *b = name;
+        while (*a && *b && tolower((unsigned char)*b) == *a) a++, b++;
+        if (!*a && !*b) {
+            p->wtype = synth_types[i].wtype;
+            p->mix = synth_types[i].mix;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+const char *qwen3_synth_type_name(const qwen3_synth_params *p) {
+    const int i = synth_type_index(p);
+    return i < 0 ? "?" : synth_types[i].name;
+}
+
+uint32_t qwen3_synth_file_type(const qwen3_synth_params *p) {
+    const int i = synth_type_index(p);
+    return i < 0 ? 0 : synth_types[i].file_type;
+}
+
+static int more_bits(int i, int n) {
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+fm_dtype qwen3_synth_tensor_dtype(const qwen3_synth_params *p, const char *tensor) {
+    const size_t len = strlen(tensor), nl = strlen("_norm.weight");
+    if (len >= nl && !strcmp(tensor + len - nl, "_norm.weight")) return FM_DTYPE_F32;
+    if (p->mix != QWEN3_SYNTH_K_M) return p->wtype;
+    if (!strcmp(tensor, "output.weight") || (p->tied && !strcmp(tensor, "token_embd.weight")))
+        return FM_DTYPE_Q6_K;
+    int layer = -1, at = 0;
+    if (sscanf(tensor, "blk.%d.%n", &layer, &at) == 1 && at > 0 &&
+        (!strcmp(tensor + at, "attn_v.weight") || !strcmp(tensor + at, "ffn_down.weight")) &&
+        more_bits(layer, p->n_layers))
+        return FM_DTYPE_Q6_K;
+    return p->wtype;
+}
+
 static int check_size(const char *what, int v, int max, char *err, size_t errlen) {
     if (v < 1 || v > max)
         return fm_set_error(err, errlen, "synth: %s = %d is out of range (1..%d)", what, v, max);
@@ -85,7 +163,7 @@ int qwen3_synth_validate(const qwen3_synth_params *p, char *err, size_t errlen) 
         check_size("ctx", p->context_length, INT32_MAX, err, errlen))
         return -1;
     if (p->vocab != 0 && check_size("vocab", p->vocab, SYNTH_MAX_SIZE, err, errlen)) return -1;
-    if ((unsigned)p->wtype >= FM_DTYPE_COUNT) return fm_set_error(err, errlen, "synth: invalid weight type");
+    if (synth_type_index(p) < 0) return fm_set_error(err, errlen, "synth: invalid weight type");
     if (p->n_heads % p->n_kv_heads)
         return fm_set_error(err, errlen, "synth: heads (%d) must be a multiple of kv-heads (%d)", p->n_heads,
                             p->n_kv_heads);
@@ -102,7 +180,7 @@ int qwen3_synth_validate(const qwen3_synth_params *p, char *err, size_t errlen) 
     for (int i = 0; i < 3; i++)
         if (inputs[i].n % be)
             return fm_set_error(err, errlen, "synth: %s = %lld must be a multiple of %d for %s weights",
-                                inputs[i].what, (long long)inputs[i].n, be, fm_dtype_name(p->wtype));
+                                inputs[i].what, (long long)inputs[i].n, be, qwen3_synth_type_name(p));
     if (!(p->rope_theta > 0) || !(p->rms_eps > 0))
         return fm_set_error(err, errlen, "synth: rope theta and rms eps must be positive");
     return 0;
@@ -214,6 +292,148 @@ void qwen3_synth_quantize_q8_0(const float *x, fm_block_q8_0 *y, int64_t n) {
     }
 }
 
+/* ---- K-quants ----
+ * A simple quantiser, not ggml's (which searches for the scales that minimise a weighted error): the range of
+ * each sub-block decides its step, the steps are stored as 6-bit (Q4_K, Q5_K) or int8 (Q6_K) multiples of an
+ * f16 super-block scale, and each weight goes to the nearest level. Every stored scale is rounded *up* (the
+ * f16 super-block scales to the next f16 not below them, the small multiples by ceil), so the levels always
+ * cover the sub-block's range and no weight is clamped: each dequantises to within half its step. Rounding up
+ * costs at most one scale unit per step (1/63 of the largest step of the block, 1/127 for Q6_K). */
+
+/* The f16 nearest v (0 <= v, finite), stepped up once when it lies below v; the largest finite f16 at most.
+ */
+static uint16_t f16_at_least(float v) {
+    uint16_t h = fm_f32_to_f16(v);
+    if (h >= 0x7c00) return 0x7bff;
+    if (fm_f16_to_f32(h) < v && h < 0x7bff) h++; /* positive f16s are ordered like their bit patterns */
+    return h;
+}
+
+/* Smallest integer k in 0..kmax with k * unit >= v (v >= 0), kmax when none; 0 when unit is 0. */
+static int scale_units(float v, float unit, int kmax) {
+    if (!(unit > 0)) return 0;
+    float k = ceilf(v / unit);
+    return k < (float)kmax ? (int)k : kmax;
+}
+
+/* One Q4_K / Q5_K super-block (nmax = 15 or 31): sub-block j of 32 gets offset M_j = dmin * m_j >= -min(0,
+ * min x) and step D_j = d * sc_j >= (max x + M_j) / nmax; q = nearest((x + M_j) / D_j) in 0..nmax, so that
+ * d * sc_j * q - dmin * m_j (fm_dequant_row_k) is within D_j / 2 of x. */
+static void quant_qx_K_block(const float *x, int nmax, uint16_t *d16, uint16_t *dmin16, uint8_t scales[12],
+                             uint8_t q[FM_QK_K]) {
+    float off[8], hi[8], max_off = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        float lo = 0.0f, h = x[32 * j]; /* the offset is >= 0, as the format's mins are (m_j >= 0) */
+        for (int k = 0; k < 32; k++) {
+            const float v = x[32 * j + k];
+            lo = v < lo ? v : lo;
+            h = v > h ? v : h;
+        }
+        off[j] = -lo, hi[j] = h;
+        max_off = off[j] > max_off ? off[j] : max_off;
+    }
+    *dmin16 = f16_at_least(max_off / 63.0f);
+    const float dmin = fm_f16_to_f32(*dmin16);
+    int m[8], sc[8];
+    float need[8], max_need = 0.0f, M[8];
+    for (int j = 0; j < 8; j++) {
+        m[j] = scale_units(off[j], dmin, 63);
+        M[j] = dmin * (float)m[j];
+        const float r = hi[j] + M[j];
+        need[j] = (r > 0.0f ? r : 0.0f) / (float)nmax;
+        max_need = need[j] > max_need ? need[j] : max_need;
+    }
+    *d16 = f16_at_least(max_need / 63.0f);
+    const float d = fm_f16_to_f32(*d16);
+    memset(scales, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        sc[j] = scale_units(need[j], d, 63);
+        const float D = d * (float)sc[j];
+        const float inv = D > 0.0f ? 1.0f / D : 0.0f;
+        for (int k = 0; k < 32; k++) {
+            const int v = round_half_away((x[32 * j + k] + M[j]) * inv);
+            q[32 * j + k] = (uint8_t)(v < 0 ? 0 : v > nmax ? nmax : v);
+        }
+        /* the packing fm_k_scale_min reads: j < 4 in the low 6 bits of bytes j (scale) and j + 4 (min);
+         * j >= 4: low nibbles in byte j + 4, top 2 bits in the top bits of bytes j - 4 (scale) and j (min) */
+        if (j < 4) {
+            scales[j] |= (uint8_t)sc[j];
+            scales[j + 4] |= (uint8_t)m[j];
+        } else {
+            scales[j + 4] = (uint8_t)((sc[j] & 0xF) | ((m[j] & 0xF) << 4));
+            scales[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
+            scales[j] |= (uint8_t)((m[j] >> 4) << 6);
+        }
+    }
+}
+
+static void quant_q4_K(const float *x, fm_block_q4_K *y) {
+    uint8_t q[FM_QK_K];
+    quant_qx_K_block(x, 15, &y->d, &y->dmin, y->scales, q);
+    for (int c = 0; c < 4; c++) /* chunk c of 64: weight 64c + l in the low nibble, 64c + 32 + l high */
+        for (int l = 0; l < 32; l++) y->qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+}
+
+static void quant_q5_K(const float *x, fm_block_q5_K *y) {
+    uint8_t q[FM_QK_K];
+    quant_qx_K_block(x, 31, &y->d, &y->dmin, y->scales, q);
+    memset(y->qh, 0, sizeof y->qh);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t a = q[64 * c + l], b = q[64 * c + 32 + l];
+            y->qs[32 * c + l] = (uint8_t)((a & 0xF) | ((b & 0xF) << 4));
+            y->qh[l] |= (uint8_t)(((a >> 4) << (2 * c)) | ((b >> 4) << (2 * c + 1))); /* the fifth bits */
+        }
+}
+
+/* Q6_K: sub-block j of 16 gets step D_j = d * sc_j >= max |x| / 31 (sc_j in 0..127); q = nearest(x / D_j)
+ * in -32..31, stored as q + 32 (low 4 bits in ql, high 2 in qh, the layout fm_dequant_row_k reads). */
+static void quant_q6_K(const float *x, fm_block_q6_K *y) {
+    float need[16], max_need = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        float a = 0.0f;
+        for (int k = 0; k < 16; k++) {
+            const float v = fabsf(x[16 * j + k]);
+            a = v > a ? v : a;
+        }
+        need[j] = a / 31.0f;
+        max_need = need[j] > max_need ? need[j] : max_need;
+    }
+    y->d = f16_at_least(max_need / 127.0f);
+    const float d = fm_f16_to_f32(y->d);
+    uint8_t u[FM_QK_K];
+    for (int j = 0; j < 16; j++) {
+        const int sc = scale_units(need[j], d, 127);
+        y->scales[j] = (int8_t)sc;
+        const float D = d * (float)sc;
+        const float inv = D > 0.0f ? 1.0f / D : 0.0f;
+        for (int k = 0; k < 16; k++) {
+            const int v = round_half_away(x[16 * j + k] * inv);
+            u[16 * j + k] = (uint8_t)((v < -32 ? -32 : v > 31 ? 31 : v) + 32);
+        }
+    }
+    memset(y->ql, 0, sizeof y->ql);
+    memset(y->qh, 0, sizeof y->qh);
+    for (int h = 0; h < 2; h++) /* weight 128h + 32i + l: nibble of ql[64h + l + 32 (i & 1)], bits 2i of qh */
+        for (int i = 0; i < 4; i++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t v = u[128 * h + 32 * i + l];
+                y->ql[64 * h + l + 32 * (i & 1)] |= (uint8_t)((v & 0xF) << (i < 2 ? 0 : 4));
+                y->qh[32 * h + l] |= (uint8_t)((v >> 4) << (2 * i));
+            }
+}
+
+void qwen3_synth_quantize_k(fm_dtype t, const float *x, void *y, int64_t n) {
+    for (int64_t b = 0; b < n / FM_QK_K; b++, x += FM_QK_K) {
+        if (t == FM_DTYPE_Q4_K)
+            quant_q4_K(x, (fm_block_q4_K *)y + b);
+        else if (t == FM_DTYPE_Q5_K)
+            quant_q5_K(x, (fm_block_q5_K *)y + b);
+        else if (t == FM_DTYPE_Q6_K)
+            quant_q6_K(x, (fm_block_q6_K *)y + b);
+    }
+}
+
 typedef struct {
     const synth_tensor *t;
     uint8_t *dst;
@@ -246,6 +466,11 @@ static void fill_rows(void *ctx, int64_t begin, int64_t end, int thread) {
         case FM_DTYPE_Q8_0:
             qwen3_synth_quantize_q8_0(row, (fm_block_q8_0 *)dst, t->cols);
             break;
+        case FM_DTYPE_Q4_K:
+        case FM_DTYPE_Q5_K:
+        case FM_DTYPE_Q6_K:
+            qwen3_synth_quantize_k(t->dtype, row, dst, t->cols);
+            break;
         default:
             break;
         }
@@ -276,7 +501,7 @@ static int build_specs(const qwen3_synth_params *p, synth_tensor *ts, int cap) {
             memset(t, 0, sizeof *t);                                                                         \
             snprintf(t->name, sizeof t->name, __VA_ARGS__);                                                  \
             t->kind = kind_, t->rows = rows_, t->cols = cols_, t->scale = scale_;                            \
-            t->dtype = kind_ == KIND_NORM ? FM_DTYPE_F32 : p->wtype;                                         \
+            t->dtype = kind_ == KIND_NORM ? FM_DTYPE_F32 : qwen3_synth_tensor_dtype(p, t->name);             \
             t->key = name_key(p->seed, t->name);                                                             \
             t->index = n;                                                                                    \
         }                                                                                                    \
@@ -304,40 +529,38 @@ static int build_specs(const qwen3_synth_params *p, synth_tensor *ts, int cap) {
     return n;
 }
 
-float qwen3_synth_value(const qwen3_synth_params *p, const char *tensor, int64_t row, int64_t col) {
+/* The spec of the named tensor of p's model; 0 when found. */
+static int find_spec(const qwen3_synth_params *p, const char *tensor, synth_tensor *out) {
     qwen3_synth_params q = *p;
     if (q.vocab == 0) q.vocab = 1; /* shapes other than the row count do not depend on it */
-    int cap = 11 * q.n_layers + 3;
+    int cap = 11 * q.n_layers + 3, rc = -1;
     synth_tensor *ts = malloc((size_t)cap * sizeof *ts);
-    float v = NAN;
-    if (!ts) return v;
+    if (!ts) return -1;
     int n = build_specs(&q, ts, cap);
-    for (int i = 0; i < n; i++) {
-        if (strcmp(ts[i].name, tensor) == 0 && col >= 0 && col < ts[i].cols && row >= 0) {
-            float *r = malloc((size_t)ts[i].cols * sizeof *r);
-            if (r) {
-                gen_row(&ts[i], row, r);
-                v = r[col];
-            }
-            free(r);
-            break;
-        }
-    }
+    for (int i = 0; i < n && rc; i++)
+        if (strcmp(ts[i].name, tensor) == 0) *out = ts[i], rc = 0;
     free(ts);
-    return v;
+    return rc;
 }
 
-static uint32_t file_type(fm_dtype t) { /* llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0 */
-    switch (t) {
-    case FM_DTYPE_F16:
-        return 1;
-    case FM_DTYPE_BF16:
-        return 32;
-    case FM_DTYPE_Q8_0:
-        return 7;
-    default:
-        return 0;
+int64_t qwen3_synth_row(const qwen3_synth_params *p, const char *tensor, int64_t row, float *out) {
+    synth_tensor t;
+    if (row < 0 || find_spec(p, tensor, &t)) return 0;
+    gen_row(&t, row, out);
+    return t.cols;
+}
+
+float qwen3_synth_value(const qwen3_synth_params *p, const char *tensor, int64_t row, int64_t col) {
+    synth_tensor t;
+    float v = NAN;
+    if (row < 0 || find_spec(p, tensor, &t) || col < 0 || col >= t.cols) return v;
+    float *r = malloc((size_t)t.cols * sizeof *r);
+    if (r) {
+        gen_row(&t, row, r);
+        v = r[col];
     }
+    free(r);
+    return v;
 }
 
 int qwen3_synth_write(const qwen3_synth_params *p_in, const char *path, char *err, size_t errlen) {
@@ -360,7 +583,7 @@ int qwen3_synth_write(const qwen3_synth_params *p_in, const char *path, char *er
     }
     gguf_writer_set_str(w, "general.architecture", "qwen3");
     gguf_writer_set_str(w, "general.name", "flashmap synthetic qwen3");
-    gguf_writer_set_u32(w, "general.file_type", file_type(p.wtype));
+    gguf_writer_set_u32(w, "general.file_type", qwen3_synth_file_type(&p));
     gguf_writer_set_u32(w, "general.quantization_version", 2);
     gguf_writer_set_u32(w, "qwen3.block_count", (uint32_t)p.n_layers);
     gguf_writer_set_u32(w, "qwen3.context_length", (uint32_t)p.context_length);
