@@ -3,11 +3,13 @@
  * (the machine may be shared: the best is what the kernel can do, the median what a busy machine gave),
  * weight GB/s (bytes of W read per second, each byte once per call) and GFLOP/s (2 * rows * cols * T per
  * call) at the best time and at the median, and the best time relative to T = 1. Usage: bench_kernels
- * [threads=2] [seconds_per_case=0.3] [max_scalar_T=1] [type: f32|f16|bf16|q8_0] [T list, e.g. 1,8,17,64,256
- * (the default)] [MB of weights to rotate over=128]. Weights rotate over enough copies to exceed that size,
+ * [threads=2] [seconds_per_case=0.3] [max_scalar_T=1] [type: f32|f16|bf16|q8_0|q4_k|q5_k|q6_k] [T list, e.g.
+ * 1,8,17,64,256 (the default)] [MB of weights to rotate over=128] [shapes, e.g. 9728x2560,2560x9728 (the
+ * default),151936x2560 (the lm_head); cols <= 9728]. Weights rotate over enough copies to exceed that size,
  * so they come from DRAM when it exceeds the L3 (as a forward's 4.3 GB do): 128 MB does here, not on the
  * device's Xeon (300 MB of L3), where 1024 or more is needed. On a CPU with AMX-INT8 the AVX-512 level runs
  * twice for Q8_0, AMX on ("avx512+amx": the batches matmul.c gives it) and off. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +39,20 @@ static uint32_t rnd(void) {
 }
 
 static void fill(fm_dtype dt, char *p, size_t bytes) {
-    if (dt == FM_DTYPE_Q8_0) {
+    if (fm_dtype_is_k_quant(dt)) { /* random quants and packed scales, small positive f16 d (and dmin) */
+        const size_t bb = (size_t)fm_dtype_block_bytes(dt);
+        for (size_t i = 0; i < bytes; i++) p[i] = (char)rnd();
+        for (size_t b = 0; b < bytes / bb; b++) {
+            const uint16_t d = fm_f32_to_f16(0.001f), dmin = fm_f32_to_f16(0.002f);
+            char *blk = p + b * bb;
+            if (dt == FM_DTYPE_Q6_K) {
+                memcpy(blk + offsetof(fm_block_q6_K, d), &d, 2);
+            } else {
+                memcpy(blk, &d, 2);
+                memcpy(blk + 2, &dmin, 2);
+            }
+        }
+    } else if (dt == FM_DTYPE_Q8_0) {
         fm_block_q8_0 *b = (fm_block_q8_0 *)p;
         for (size_t i = 0; i < bytes / sizeof *b; i++) {
             b[i].d = fm_f32_to_f16(0.01f);
@@ -64,7 +79,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "unknown type %s\n", argv[4]);
         return 2;
     }
-    static const int64_t shapes[][2] = {{9728, 2560}, {2560, 9728}};
+    int64_t shapes[8][2] = {{9728, 2560}, {2560, 9728}};
+    int n_shapes = 2;
     int Ts[16] = {1, 8, 17, 64, 256}, nT = 5;
     if (argc > 5) {
         nT = 0;
@@ -84,17 +100,37 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bad rotation size %s (1..65536 MB)\n", argv[6]);
         return 2;
     }
+    if (argc > 7) {
+        n_shapes = 0;
+        for (const char *p = argv[7]; *p && n_shapes < 8;) {
+            char *end;
+            const long long r = strtoll(p, &end, 10);
+            const long long c = *end == 'x' ? strtoll(end + 1, &end, 10) : 0;
+            if (r < 1 || c < 256 || c % 256 || c > 9728) {
+                fprintf(stderr,
+                        "bad shape list %s (ROWSxCOLS, comma-separated; cols a multiple of 256, "
+                        "at most 9728)\n",
+                        argv[7]);
+                return 2;
+            }
+            shapes[n_shapes][0] = r;
+            shapes[n_shapes++][1] = c;
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
+    int64_t max_rows = 0;
+    for (int s = 0; s < n_shapes; s++) max_rows = shapes[s][0] > max_rows ? shapes[s][0] : max_rows;
     fm_pool *pool = fm_pool_create(threads);
     const fm_isa best = fm_cpu_isa_best();
     printf("bench_kernels: %d threads, best ISA %s, %.2f s per case, weights rotating over %ld MB\n",
            fm_pool_size(pool), fm_isa_name(best), secs, rot_mb);
     printf("%-5s %-10s %-11s %4s %9s %9s %8s %9s %9s %7s\n", "type", "isa", "shape", "T", "best ms",
            "median ms", "GB/s", "GFLOP/s", "(median)", "x T=1");
-    float *x = malloc(sizeof(float) * 256 * 9728), *y = malloc(sizeof(float) * 256 * 9728);
+    float *x = malloc(sizeof(float) * 256 * 9728), *y = malloc(sizeof(float) * 256 * (size_t)max_rows);
     for (int i = 0; i < 256 * 9728; i++) x[i] = (float)(rnd() % 2000) * 1e-3f - 1.0f;
     for (int dt = 0; dt < FM_DTYPE_COUNT; dt++) {
         if (only != FM_DTYPE_COUNT && dt != (int)only) continue;
-        for (int s = 0; s < 2; s++) {
+        for (int s = 0; s < n_shapes; s++) {
             const int64_t rows = shapes[s][0], cols = shapes[s][1];
             const size_t bytes = fm_dtype_row_bytes((fm_dtype)dt, cols) * (size_t)rows;
             int ncopies = (int)(((size_t)rot_mb << 20) / bytes) + 1;
