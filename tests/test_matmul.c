@@ -3,7 +3,8 @@
  * plain reimplementation of ggml's quantize_row_q8_0_ref (bytes must match), edge cases included;
  * fm_matrix_row_f32 and fm_matrix_check; batch independence (every token's row of a T-token product equals,
  * bit for bit, the single-token product, for every T in 1..40, at every ISA level, with and without the pool:
- * speculative decoding is lossless only because of it); fm_matmul_multi against separate fm_matmul calls;
+ * speculative decoding is lossless only because of it); the K-quant kernels equal the scalar ones bit for
+ * bit at every level; fm_matmul_multi against separate fm_matmul calls;
  * the AVX2 kernel's pre-packed rows (layout, and results bit for bit those of the unpacked matrix).
  *
  * Tolerances. All kernels accumulate in f32; they differ from the reference only in summation order (SIMD
@@ -360,6 +361,41 @@ static void test_batch_independence(fm_dtype dt, int64_t rows, int64_t cols, fm_
     free(bias);
 }
 
+/* The K-quant kernels of every level give the scalar kernel's results bit for bit (they sum each super-block
+ * exactly in integers and take the scalar f32 steps per (row, token) in its order): stronger than
+ * test_type's tolerance, and what makes batch independence hold by construction. Rows not a multiple of the
+ * kernels' row tiles, T across their token tiles, with and without the pool. */
+static void test_k_exact(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
+    enum { TMAX = 21 };
+    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols), NULL};
+    float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
+    float *yref = malloc(sizeof(float) * (size_t)(TMAX * rows)),
+          *y = malloc(sizeof(float) * (size_t)(TMAX * rows));
+    float *bias = malloc(sizeof(float) * (size_t)rows);
+    for (int64_t i = 0; i < TMAX * cols; i++) x[i] = rng_uniform() * 4.0f;
+    for (int64_t r = 0; r < rows; r++) bias[r] = rng_uniform();
+    static const int Ts[] = {1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 21};
+    for (size_t k = 0; k < sizeof Ts / sizeof *Ts; k++) {
+        const int T = Ts[k];
+        fm_matmul_reference(&w, x, T, yref, k % 2 ? bias : NULL);
+        for (int v = 0; v < n_variants(); v++) {
+            const char *vname = set_variant(v);
+            for (int64_t i = 0; i < T * rows; i++) y[i] = NAN;
+            fm_matmul(T % 2 ? pool : NULL, &w, x, T, y, k % 2 ? bias : NULL);
+            int bad = 0;
+            for (int64_t i = 0; i < T * rows; i++) bad += memcmp(&y[i], &yref[i], sizeof(float)) != 0;
+            CHECK_MSG(bad == 0, "%s %s %lldx%lld T=%d: %d outputs differ from the scalar kernel's bits",
+                      fm_dtype_name(dt), vname, (long long)rows, (long long)cols, T, bad);
+        }
+        reset_variant();
+    }
+    free((void *)w.data);
+    free(x);
+    free(yref);
+    free(y);
+    free(bias);
+}
+
 /* fm_matmul_multi gives what separate fm_matmul calls give, bit for bit; mixed dtypes fall back to them. */
 static void test_multi(fm_pool *pool) {
     const int64_t cols = 288, rows[3] = {37, 8, 70};
@@ -513,6 +549,8 @@ int main(void) {
     for (int dt = FM_DTYPE_Q4_K; dt <= FM_DTYPE_Q6_K; dt++) {
         test_batch_independence((fm_dtype)dt, 67, 2560, pool);
         test_batch_independence((fm_dtype)dt, 21, 9728, pool);
+        test_k_exact((fm_dtype)dt, 45, 1280, pool);
+        test_k_exact((fm_dtype)dt, 7, 256, pool);
     }
     test_multi(pool);
     for (size_t s = 0; s < sizeof bi_shapes / sizeof *bi_shapes; s++)

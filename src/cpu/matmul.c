@@ -52,9 +52,9 @@ static const fm_mm_table k_avx2 = {
              [FM_DTYPE_F16] = fm_mm_f16_avx2,
              [FM_DTYPE_BF16] = fm_mm_bf16_avx2,
              [FM_DTYPE_Q8_0] = fm_mm_q8_0_scalar,
-             [FM_DTYPE_Q4_K] = fm_mm_q4_K_scalar,
-             [FM_DTYPE_Q5_K] = fm_mm_q5_K_scalar,
-             [FM_DTYPE_Q6_K] = fm_mm_q6_K_scalar},
+             [FM_DTYPE_Q4_K] = fm_mm_q4_K_avx2,
+             [FM_DTYPE_Q5_K] = fm_mm_q5_K_avx2,
+             [FM_DTYPE_Q6_K] = fm_mm_q6_K_avx2},
     .quant = fm_quant_q8_0_avx2,
     .q8 = &fm_q8_family_avx2,
 };
@@ -71,7 +71,12 @@ static fm_mm_table current_table(void) {
         t.kern[FM_DTYPE_F16] = fm_mm_f16_avx512;
         t.kern[FM_DTYPE_BF16] = f->avx512bf16 ? fm_mm_bf16_dpbf16_avx512 : fm_mm_bf16_avx512;
         t.split_bf16 = f->avx512bf16;
-        if (f->avx512vnni) t.q8 = &fm_q8_family_vnni_avx512; /* else the AVX2 int8 kernel */
+        if (f->avx512vnni) { /* else the AVX2 int8 kernels */
+            t.q8 = &fm_q8_family_vnni_avx512;
+            t.kern[FM_DTYPE_Q4_K] = fm_mm_q4_K_vnni_avx512;
+            t.kern[FM_DTYPE_Q5_K] = fm_mm_q5_K_vnni_avx512;
+            t.kern[FM_DTYPE_Q6_K] = fm_mm_q6_K_vnni_avx512;
+        }
 #ifdef FLASHMAP_HAVE_AMX
         if (f->avx512vnni && fm_cpu_amx()) t.q8_amx = &fm_q8_family_amx;
 #endif

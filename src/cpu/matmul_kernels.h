@@ -83,6 +83,13 @@ void fm_mm_f16_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const floa
 void fm_mm_bf16_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                      int64_t r1, void *tls);
 extern const fm_mm_q8_family fm_q8_family_avx2;
+/* K-quants x Q8_K activations (matmul_k_avx2.c); bit-identical to the scalar kernels. */
+void fm_mm_q4_K_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                     int64_t r1, void *tls);
+void fm_mm_q5_K_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                     int64_t r1, void *tls);
+void fm_mm_q6_K_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                     int64_t r1, void *tls);
 void fm_quant_q8_0_avx2(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
 
 /* Compiled with AVX-512 F/BW/VL/DQ (+VNNI, +BF16); call only when fm_cpu_isa() == FM_ISA_AVX512, and the
@@ -96,6 +103,13 @@ void fm_mm_bf16_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const f
 void fm_mm_bf16_dpbf16_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                               int64_t r1, void *tls);
 extern const fm_mm_q8_family fm_q8_family_vnni_avx512;
+/* K-quants x Q8_K activations with VNNI (matmul_k_avx512.c); bit-identical to the scalar kernels. */
+void fm_mm_q4_K_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                            int64_t r1, void *tls);
+void fm_mm_q5_K_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                            int64_t r1, void *tls);
+void fm_mm_q6_K_vnni_avx512(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                            int64_t r1, void *tls);
 /* Compiled with AVX-512 + AMX-TILE/INT8 when the compiler supports them (FLASHMAP_HAVE_AMX); call only when
  * fm_cpu_amx() says the tiles may be used. Bit-identical to fm_q8_family_vnni_avx512 for every (row, token).
  */
