@@ -9,6 +9,22 @@ How to run (about a minute on 2 cores; needs numpy, gguf, torch, transformers, l
 It rewrites tests/fixtures/target/cases.json (a few hundred KB). The output is deterministic: fixed synth seeds,
 fixed prompt seeds, single-threaded-equivalent references (llama.cpp on 1 thread, torch on 1 thread).
 
+The K-quant cases (LLAMA_ONLY_CASES: Q4_K_M, Q5_K_M, Q4_K, Q5_K, Q6_K) are compared with llama.cpp only, and
+carry no "hf" part (tests/test_target_reference.c accepts cases without one). The reason is practical: on the
+machines that made them torch could not be installed (PyPI's torch wheel is the CUDA build, several GB with
+its nvidia-* dependencies; the CPU wheels live outside PyPI), and llama.cpp is the reference that matters for
+K-quants anyway: it quantises the activations to Q8_K exactly as the engine does, where transformers would run
+the dequantised weights on f32 activations (a 1-6% difference, as for Q8_0, that says little about the
+engine). Those cases are regenerated without torch and merged into the existing file:
+    python3 scripts/make_target_fixtures.py --cli /tmp/build-target/flashmap --llama-only
+which keeps every other case byte for byte (the script checks that the file re-serialises to itself before
+merging) and records the versions used in each regenerated case. A full run (no flag; torch needed for the
+other cases) writes every case, the K-quant ones still llama.cpp-only. llama-cpp-python builds llama.cpp from
+source (`pip install llama-cpp-python`, ~15 minutes on 2 cores); its CPU build runs the K-quant products on
+Q8_K activations (the AVX2 kernels, or the scalar reference: the integer sums are exact either way).
+`--kv-spread` prints, per case, how far llama.cpp's own logits move when only its KV cache goes from f16 to
+f32 (the numbers the K-quant tolerance in test_target_reference.c is argued from).
+
 Per case:
   (a) `flashmap synth target ...` with fixed arguments and seed; the GGUF's sha256 is recorded, so the C test can
       tell "the synthesizer changed" apart from "the engine changed".
@@ -60,6 +76,26 @@ CASES = [
     ("q8_0_g2_hd64_untied_p300", "q8_0", 2, 256, 8, 4,  64, 512, None, 0,  300, 43),
     ("q8_0_g2_hd128_untied_p1", "q8_0", 3, 128, 2,  1, 128, 256, None, 0,  1,   44),
 ]
+
+# The K-quants, against llama.cpp only (see the docstring): every K type and both of llama.cpp's mixes; dims
+# multiples of 256; the Q4_K_M / Q5_K_M cases have 8 layers, so that attn_v and ffn_down are Q6_K in some
+# layers (0, 3, 6, 7) and the base type in the others, and the lm_head Q6_K (tied: the token table itself).
+LLAMA_ONLY_CASES = [
+    # name                         type     L  dim heads kv  hd  ffn  vocab tied prompt seed
+    ("q4_k_m_g2_hd128_tied_p7",     "q4_k_m", 8, 256, 2,  1, 128, 512, None, 1,  7,   51),
+    ("q4_k_m_g4_hd64_untied_p64",   "q4_k_m", 3, 512, 8,  2,  64, 768, 700,  0,  64,  52),
+    ("q5_k_m_g2_hd64_untied_p300",  "q5_k_m", 8, 256, 4,  2,  64, 512, None, 0,  300, 53),
+    ("q4_k_g1_hd128_untied_p1",     "q4_k",   2, 256, 2,  2, 128, 512, None, 0,  1,   54),
+    ("q5_k_g2_hd128_tied_p64",      "q5_k",   2, 256, 2,  1, 128, 768, None, 1,  64,  55),
+    ("q6_k_g2_hd64_untied_p7",      "q6_k",   3, 256, 4,  2,  64, 512, 600,  0,  7,   56),
+    ("q6_k_g4_hd128_tied_p300",     "q6_k",   2, 512, 4,  1, 128, 512, None, 1,  300, 57),
+    # one-token prompts, where attention is trivial and the engine should equal llama.cpp to rounding
+    ("q4_k_m_g2_hd64_untied_p1",    "q4_k_m", 8, 256, 4,  2,  64, 512, None, 0,  1,   58),
+    ("q5_k_m_g4_hd128_tied_p1",     "q5_k_m", 8, 512, 4,  1, 128, 768, None, 1,  1,   59),
+    ("q6_k_g1_hd128_untied_p1",     "q6_k",   2, 256, 2,  2, 128, 256, None, 0,  1,   60),
+]
+LLAMA_ONLY = {c[0] for c in LLAMA_ONLY_CASES}
+ALL_CASES = CASES + LLAMA_ONLY_CASES
 
 
 def sha256_file(path):
@@ -257,65 +293,127 @@ def run_hf(gguf_path, prompt, n_gen, cap_layers, positions):
     return last, feats, gen, margins
 
 
+def make_case(c, cli, tmp, with_hf):
+    name, wtype, L, dim, heads, kv, hd, ffn, vocab, tied, plen, seed = c
+    path = os.path.join(tmp, name + ".gguf")
+    sargs = synth_args(c)
+    subprocess.run([cli, "synth", "target", "-q", "-o", path] + sargs, check=True, stdout=subprocess.DEVNULL)
+    from gguf import GGUFReader
+    reader = GGUFReader(path)
+    emb = [t for t in reader.tensors if t.name == "token_embd.weight"][0]
+    n_vocab = int(emb.shape[1])
+    del reader
+    rng = np.random.default_rng(1000 + seed)
+    prompt = [int(v) for v in rng.integers(0, n_vocab, size=plen)]
+    lc_last, lc_ids, lc_margins = run_llama_cpp(path, prompt, N_GEN)
+    case = {
+        "name": name, "type": wtype, "synth_args": sargs, "sha256": sha256_file(path),
+        "n_layers": L, "dim": dim, "n_heads": heads, "n_kv_heads": kv, "head_dim": hd, "ffn": ffn,
+        "vocab": n_vocab, "tied": tied, "prompt": prompt, "n_gen": N_GEN,
+        "llama_cpp": {"last_logits": logit_summary(lc_last), "greedy": lc_ids, "greedy_margins": lc_margins},
+    }
+    if not with_hf:
+        print(f"{name}: vocab {n_vocab}, llama.cpp only; min greedy margin {min(lc_margins):.3g}", file=sys.stderr)
+        return case
+    cap = capture_layers(L)
+    pos = capture_positions(plen)
+    hf_last, feats, hf_ids, hf_margins = run_hf(path, prompt, N_GEN, cap, pos)
+    d = np.abs(lc_last.astype(np.float64) - hf_last)
+    print(f"{name}: vocab {n_vocab}, llama.cpp vs HF last-row logits max|d| {d.max():.3g} "
+          f"(max|logit| {np.abs(hf_last).max():.3g}); greedy ids agree on "
+          f"{next((i for i, (a, b) in enumerate(zip(lc_ids, hf_ids)) if a != b), N_GEN)}/{N_GEN}; "
+          f"min margin llama.cpp {min(lc_margins):.3g}", file=sys.stderr)
+    case["hf"] = {"last_logits": logit_summary(hf_last), "greedy": hf_ids, "greedy_margins": hf_margins,
+                  "capture_layers": cap, "positions": pos, "features": feats}
+    return case
+
+
+def kv_spread(c, cli, tmp):
+    """How far llama.cpp's own last-row logits move when only its KV cache goes from f16 to f32: the size of
+    the noise that one rounding difference grows into in this model (the K tolerance is argued from it)."""
+    name, plen, seed = c[0], c[10], c[11]
+    path = os.path.join(tmp, name + ".gguf")
+    subprocess.run([cli, "synth", "target", "-q", "-o", path] + synth_args(c), check=True, stdout=subprocess.DEVNULL)
+    import llama_cpp
+    from gguf import GGUFReader
+    n_vocab = int([t for t in GGUFReader(path).tensors if t.name == "token_embd.weight"][0].shape[1])
+    prompt = [int(v) for v in np.random.default_rng(1000 + seed).integers(0, n_vocab, size=plen)]
+    out = []
+    for kv in ({}, {"type_k": 0, "type_v": 0}):  # GGML_TYPE_F16 (default), GGML_TYPE_F32
+        llm = llama_cpp.Llama(model_path=path, n_ctx=plen + 8, n_batch=512, n_ubatch=512, n_threads=1,
+                              n_threads_batch=1, logits_all=True, verbose=False, flash_attn=False, **kv)
+        llm.eval(prompt)
+        out.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64))
+        del llm
+    rel = np.abs(out[0] - out[1]).max() / np.abs(out[0]).max()
+    print(f"{name:28s} T={plen:3d}: llama.cpp f16 KV vs f32 KV, max|d logit| / max|logit| = {rel:.2e}")
+
+
+def dump(doc):
+    return json.dumps(doc, separators=(",", ":")) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cli", default=os.environ.get("FM_CLI"), help="path of the flashmap CLI (or env FM_CLI)")
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "target", "cases.json"))
     ap.add_argument("--only", default=None, help="comma-separated case names (debugging: combine with --out)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the cases of the existing --out that this run does not regenerate, unchanged")
+    ap.add_argument("--llama-only", action="store_true",
+                    help="regenerate only the llama.cpp-only cases (no torch needed), merged into --out")
+    ap.add_argument("--kv-spread", action="store_true",
+                    help="print llama.cpp's f16-vs-f32 KV cache logit spread per selected case; writes nothing")
     args = ap.parse_args()
     if not args.cli:
         sys.exit("make_target_fixtures.py: give the flashmap CLI with --cli or env FM_CLI")
-    import llama_cpp
-    import torch
-    import transformers
-
     only = set(args.only.split(",")) if args.only else None
-    out_cases = []
+    selected = [c for c in ALL_CASES
+                if (not only or c[0] in only) and (not args.llama_only or c[0] in LLAMA_ONLY)]
+    if args.kv_spread:
+        with tempfile.TemporaryDirectory() as tmp:
+            for c in selected:
+                kv_spread(c, args.cli, tmp)
+        return
+    need_hf = any(c[0] not in LLAMA_ONLY for c in selected)
+    import llama_cpp
+    versions = {"llama_cpp_python": llama_cpp.__version__}
+    if need_hf:
+        import torch
+        import transformers
+        versions.update(transformers=transformers.__version__, torch=torch.__version__)
+    versions["numpy"] = np.__version__
+
+    new = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for c in CASES:
-            name, wtype, L, dim, heads, kv, hd, ffn, vocab, tied, plen, seed = c
-            if only and name not in only:
-                continue
-            path = os.path.join(tmp, name + ".gguf")
-            sargs = synth_args(c)
-            subprocess.run([args.cli, "synth", "target", "-q", "-o", path] + sargs, check=True,
-                           stdout=subprocess.DEVNULL)
-            from gguf import GGUFReader
-            reader = GGUFReader(path)
-            emb = [t for t in reader.tensors if t.name == "token_embd.weight"][0]
-            n_vocab = int(emb.shape[1])
-            del reader
-            rng = np.random.default_rng(1000 + seed)
-            prompt = [int(v) for v in rng.integers(0, n_vocab, size=plen)]
-            cap = capture_layers(L)
-            pos = capture_positions(plen)
-            lc_last, lc_ids, lc_margins = run_llama_cpp(path, prompt, N_GEN)
-            hf_last, feats, hf_ids, hf_margins = run_hf(path, prompt, N_GEN, cap, pos)
-            d = np.abs(lc_last.astype(np.float64) - hf_last)
-            print(f"{name}: vocab {n_vocab}, llama.cpp vs HF last-row logits max|d| {d.max():.3g} "
-                  f"(max|logit| {np.abs(hf_last).max():.3g}); greedy ids agree on "
-                  f"{next((i for i, (a, b) in enumerate(zip(lc_ids, hf_ids)) if a != b), N_GEN)}/{N_GEN}; "
-                  f"min margin llama.cpp {min(lc_margins):.3g}", file=sys.stderr)
-            out_cases.append({
-                "name": name, "type": wtype, "synth_args": sargs, "sha256": sha256_file(path),
-                "n_layers": L, "dim": dim, "n_heads": heads, "n_kv_heads": kv, "head_dim": hd, "ffn": ffn,
-                "vocab": n_vocab, "tied": tied, "prompt": prompt, "n_gen": N_GEN,
-                "llama_cpp": {"last_logits": logit_summary(lc_last), "greedy": lc_ids, "greedy_margins": lc_margins},
-                "hf": {"last_logits": logit_summary(hf_last), "greedy": hf_ids, "greedy_margins": hf_margins,
-                       "capture_layers": cap, "positions": pos, "features": feats},
-            })
-    doc = {
-        "generator": "scripts/make_target_fixtures.py",
-        "versions": {"llama_cpp_python": llama_cpp.__version__, "transformers": transformers.__version__,
-                     "torch": torch.__version__, "numpy": np.__version__},
-        "n_gen": N_GEN, "topk": TOPK, "cases": out_cases,
-    }
+        for c in selected:
+            new[c[0]] = make_case(c, args.cli, tmp, c[0] not in LLAMA_ONLY)
+    if (args.merge or args.llama_only) and os.path.exists(args.out):
+        with open(args.out) as f:
+            text = f.read()
+        doc = json.loads(text)
+        # Python's json writes back the floats it read (shortest repr) and the keys in their order, so the
+        # cases kept are kept byte for byte; checked here on the whole file before anything changes.
+        assert dump(doc) == text, f"{args.out}: would not be re-serialised byte for byte; not merging"
+        for case in new.values():
+            case["versions"] = versions  # the top-level versions describe the cases generated with it
+        known = {c[0] for c in ALL_CASES}
+        for c in doc["cases"]:
+            if c["name"] not in known:
+                print(f"{c['name']}: no longer a case, dropped", file=sys.stderr)
+        cases = [new.pop(c["name"], c) for c in doc["cases"] if c["name"] in known]  # regenerated: same place
+        doc["cases"] = cases + [new[c[0]] for c in selected if c[0] in new]
+    else:
+        doc = {
+            "generator": "scripts/make_target_fixtures.py", "versions": versions,
+            "n_gen": N_GEN, "topk": TOPK, "cases": [new[c[0]] for c in selected],
+        }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
-        f.write("\n")
-    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes, {len(out_cases)} cases)", file=sys.stderr)
+        f.write(dump(doc))
+    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes, {len(doc['cases'])} cases, "
+          f"{len(selected)} regenerated)", file=sys.stderr)
 
 
 if __name__ == "__main__":

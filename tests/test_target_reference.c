@@ -8,13 +8,14 @@
  *      - llama.cpp: logits of the last prompt row (its top-20 ids and values, plus summary values), greedy
  * ids;
  *      - transformers (f32 weights dequantised from the same GGUF): last-row logits, captured layer outputs
- *        (the residual stream before the final norm) at a few positions, greedy ids.
+ *        (the residual stream before the final norm) at a few positions, greedy ids. The K-quant cases
+ *        (Q4_K_M, Q5_K_M, Q4_K, Q5_K, Q6_K) have no "hf" part: llama.cpp only (the script says why).
  *
  * Tolerances, and why (relative to the scale of the compared vector, since random weights give logits and
  * residuals of arbitrary size: scale = max |reference value|). Observed errors are printed by every run; with
- * the committed fixtures (14 cases) the worst were: F32/F16/BF16 vs HF 4.8e-4 (logits) and 5.4e-4 (features);
- * vs llama.cpp 7.6e-4 for F32/F16 and 4.3e-3 for BF16; Q8_0 1.3e-2 vs HF and 1.5e-2 vs llama.cpp (logits),
- * 3.0e-2 (features vs HF).
+ * the committed fixtures (the first 14 cases) the worst were: F32/F16/BF16 vs HF 4.8e-4 (logits) and 5.4e-4
+ * (features); vs llama.cpp 7.6e-4 for F32/F16 and 4.3e-3 for BF16; Q8_0 1.3e-2 vs HF and 1.5e-2 vs llama.cpp
+ * (logits), 3.0e-2 (features vs HF).
  *   - vs transformers (f32 weights, activations and KV): the engine differs by its f16 KV cache (11
  * significant bits, ~2.4e-4 relative per element) and f32 summation order; F16/BF16 weights are exact in f32,
  * so they behave like F32: tolerance 3e-3 (5x the worst seen; a wrong rope pairing, norm or head mapping
@@ -30,6 +31,20 @@
  *     and transformers with q8_0-rounded Linear inputs differ pairwise by ~1-1.5% of the scale, like
  *     independent quantisation noise, although all three quantise the same activations; F32 at T = 1 agrees
  *     with llama.cpp to 3e-7.)
+ *   - K-quants vs llama.cpp: the engine computes the products as llama.cpp does (Q8_K activations, the same
+ *     exact integer sums per super-block, f32 scaling and accumulation that differ only in rounding order;
+ *     test_quant_k.c checks the decoding against gguf-py), and three of the four one-token K cases agree with
+ * llama.cpp to 1.2e-7 .. 2.3e-7 of the scale, as F32 does. But the activation rounding makes a quantised
+ * model amplify any difference: one Q8 rounding that falls the other way changes an activation by a quantum
+ * (1/127 of its block's max), the next quantisation then flips more of them, and after a few layers two runs
+ * differ by noise of about the quantisation's own size. Q8_0 shows the same; at T > 1 the f16 rounding of Q
+ * and of the probabilities in llama.cpp's attention starts it. Worst seen: 2.8e-2 of the scale (T > 1),
+ * and 9.3e-3 for the 8-layer Q5_K_M one-token case (presumably one rounding flip, from a different f32 order,
+ * amplified). llama.cpp itself moves its logits by 8.9e-3 .. 6.0e-2 of the scale on these cases when only its
+ * KV cache goes from f16 to f32
+ *     (`make_target_fixtures.py --kv-spread`, llama-cpp-python 0.3.36; F32 cases: 5e-4 .. 1e-3). So the K
+ *     tolerance follows the Q8_0 rule with this worst case: 6e-2 (2x the worst seen, the size of llama.cpp's
+ *     own KV-precision spread); a wrong scale, min, bit or block layout moves logits by O(scale).
  *   - greedy ids: for every type and both references, ids must agree at each step until the first step whose
  * reference top-1/top-2 margin is below the logit tolerance (a near tie may break either way: F32 cases meet
  * ties of 1e-4 .. 7e-4 after 8-14 steps, below what f16 rounding of llama.cpp's attention inputs can move);
@@ -54,6 +69,8 @@ typedef struct {
 } tolerance;
 
 static tolerance tolerance_for(const char *type) {
+    if (!strncmp(type, "q4_k", 4) || !strncmp(type, "q5_k", 4) || !strcmp(type, "q6_k"))
+        return (tolerance){0, 6e-2, 0, 0}; /* llama.cpp only: no HF part in these cases */
     if (!strcmp(type, "q8_0")) return (tolerance){6e-2, 4e-2, 6e-2, 0};
     if (!strcmp(type, "bf16")) return (tolerance){3e-3, 1.5e-2, 3e-3, 0};
     return (tolerance){3e-3, 4e-3, 3e-3, 0}; /* f32, f16 */
@@ -190,15 +207,17 @@ static void run_case(const cJSON *c, const char *cli, fm_pool *pool) {
     const cJSON *hf = json_get(c, "hf"), *lc = json_get(c, "llama_cpp");
     int32_t prompt[512], caps[8], positions[8];
     const int T = json_ints(json_get(c, "prompt"), prompt, 512), n_gen = json_int(c, "n_gen");
-    const int n_cap = json_ints(json_get(hf, "capture_layers"), caps, 8);
-    const int n_pos = json_ints(json_get(hf, "positions"), positions, 8);
-    CHECK_MSG(T > 0 && n_gen > 0 && n_gen <= 256 && n_cap > 0 && n_pos > 0, "%s: malformed case", cname);
-    if (!(T > 0 && n_gen > 0 && n_gen <= 256 && n_cap > 0 && n_pos > 0)) {
+    /* Cases without an "hf" part (the K-quants: llama.cpp only) capture nothing. */
+    const int n_cap = hf ? json_ints(json_get(hf, "capture_layers"), caps, 8) : 0;
+    const int n_pos = hf ? json_ints(json_get(hf, "positions"), positions, 8) : 0;
+    const int ok = T > 0 && n_gen > 0 && n_gen <= 256 && (!hf || (n_cap > 0 && n_pos > 0)) && lc != NULL;
+    CHECK_MSG(ok, "%s: malformed case", cname);
+    if (!ok) {
         qwen3_model_free(m);
         return;
     }
     qwen3_state_params sp = {
-        .n_ctx = T + n_gen + 1, .max_batch = T, .capture_layers = caps, .n_capture = n_cap};
+        .n_ctx = T + n_gen + 1, .max_batch = T, .capture_layers = n_cap ? caps : NULL, .n_capture = n_cap};
     qwen3_state *s = NULL;
     rc = qwen3_state_create(m, &sp, &s, err, sizeof err);
     CHECK_MSG(rc == 0, "%s: state: %s", cname, err);
@@ -240,7 +259,7 @@ static void run_case(const cJSON *c, const char *cli, fm_pool *pool) {
             }
         const float *lg = qwen3_state_logits(s);
         const double e_hf =
-            compare_logits("HF", cname, lg, m->hp.vocab, json_get(hf, "last_logits"), tl.vs_hf);
+            hf ? compare_logits("HF", cname, lg, m->hp.vocab, json_get(hf, "last_logits"), tl.vs_hf) : NAN;
         const double e_lc =
             compare_logits("llama.cpp", cname, lg, m->hp.vocab, json_get(lc, "last_logits"), tl.vs_llama);
 
@@ -257,16 +276,27 @@ static void run_case(const cJSON *c, const char *cli, fm_pool *pool) {
         }
         if (rc == 0) {
             const double lc_scale = json_num(json_get(lc, "last_logits"), "max");
-            const double hf_scale = json_num(json_get(hf, "last_logits"), "max");
+            const double hf_scale = hf ? json_num(json_get(hf, "last_logits"), "max") : NAN;
             const int n_lc = compare_greedy("llama.cpp", cname, ids, n_gen, json_get(lc, "greedy"),
                                             json_get(lc, "greedy_margins"), tl.exact_llama_ids,
                                             tl.vs_llama * fabs(lc_scale));
-            const int n_hf = compare_greedy("HF", cname, ids, n_gen, json_get(hf, "greedy"),
-                                            json_get(hf, "greedy_margins"), 0, tl.vs_hf * fabs(hf_scale));
-            printf(
-                "%-26s logits rel.err vs HF %.2e, vs llama.cpp %.2e; features vs HF %.2e; greedy ids checked "
-                "vs llama.cpp %d/%d, vs HF %d/%d\n",
-                cname, e_hf, e_lc, worst_feat, n_lc, n_gen, n_hf, n_gen);
+            const int n_hf = hf ? compare_greedy("HF", cname, ids, n_gen, json_get(hf, "greedy"),
+                                                 json_get(hf, "greedy_margins"), 0, tl.vs_hf * fabs(hf_scale))
+                                : 0;
+            if (hf)
+                printf("%-26s logits rel.err vs HF %.2e, vs llama.cpp %.2e; features vs HF %.2e; greedy ids "
+                       "checked vs llama.cpp %d/%d, vs HF %d/%d\n",
+                       cname, e_hf, e_lc, worst_feat, n_lc, n_gen, n_hf, n_gen);
+            else {
+                int32_t want[256];
+                int same = 0;
+                const int nw = json_ints(json_get(lc, "greedy"), want, 256);
+                while (same < n_gen && same < nw && ids[same] == want[same]) same++;
+                printf("%-26s logits rel.err vs llama.cpp %.2e; greedy ids checked vs llama.cpp %d/%d, equal "
+                       "for "
+                       "the first %d (no HF part)\n",
+                       cname, e_lc, n_lc, n_gen, same);
+            }
         }
     }
     qwen3_state_free(s);
