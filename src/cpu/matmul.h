@@ -22,7 +22,8 @@ typedef struct {
 } fm_matrix;
 
 /* Checks what fm_matmul assumes: a known dtype, rows/cols > 0, cols a multiple of the block size
- * (32 for Q8_0, 256 for the K-quants), data not NULL. Loaders call it once per weight; fm_matmul itself does not check. */
+ * (32 for Q8_0, 256 for the K-quants), data not NULL. Loaders call it once per weight; fm_matmul itself does
+ * not check. */
 int fm_matrix_check(const fm_matrix *w, char *err, size_t errlen);
 
 /* y[t * rows + r] = sum_k W[r][k] * x[t * cols + k] (+ bias[r] when bias != NULL), for t < T.
