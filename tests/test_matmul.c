@@ -260,6 +260,56 @@ static void test_quantise(void) {
     check_quant_same(x, 32 * 8, "tiny (f16 subnormal scales)");
 }
 
+/* The AVX2 Q8_K quantiser (every SIMD level's) gives fm_quant_q8_K_ref's bytes: random blocks of many
+ * magnitudes, and the cases where rounding, the sign of the max, ties between +m and -m, subnormal and huge
+ * values, infinities and NaNs decide the bytes. */
+static void check_quant_k_same(const float *x, const char *what) {
+    fm_block_q8_K a, b;
+    memset(&a, 0x11, sizeof a);
+    memset(&b, 0x22, sizeof b);
+    fm_quant_q8_K_ref(x, &a, FM_QK_K);
+    fm_quant_q8_K_avx2(x, &b, FM_QK_K);
+    CHECK_MSG(memcmp(&a, &b, sizeof a) == 0, "Q8_K quantiser, %s: AVX2 bytes differ from the reference",
+              what);
+}
+
+static void test_quantise_k(void) {
+    if (fm_cpu_isa_best() < FM_ISA_AVX2) {
+        printf("test_matmul: skipping the AVX2 Q8_K quantiser: no AVX2\n");
+        return;
+    }
+    float x[FM_QK_K];
+    for (int rep = 0; rep < 200; rep++) {
+        const float scale = ldexpf(1.0f, rep % 60 - 30);
+        for (int j = 0; j < FM_QK_K; j++) x[j] = rng_uniform() * scale;
+        check_quant_k_same(x, "random");
+    }
+    memset(x, 0, sizeof x);
+    check_quant_k_same(x, "zeros");
+    x[100] = -0.0f;
+    check_quant_k_same(x, "zeros and -0");
+    for (int j = 0; j < FM_QK_K; j++) x[j] = (float)(j % 37) - 18.0f;
+    x[5] = -127.0f; /* iscale = 1: x = k + 0.5 below are ties, to even */
+    for (int j = 10; j < 40; j++) x[j] = (float)(j - 25) + 0.5f;
+    check_quant_k_same(x, "ties");
+    x[200] = 127.0f; /* +127 after -127: the first one is the max */
+    check_quant_k_same(x, "equal magnitudes");
+    x[5] = 3.0f;
+    check_quant_k_same(x, "positive max");
+    for (int j = 0; j < FM_QK_K; j++) x[j] = rng_uniform() * 1e-40f; /* subnormal: iscale overflows */
+    check_quant_k_same(x, "subnormal");
+    for (int j = 0; j < FM_QK_K; j++) x[j] = rng_uniform() * 3e38f;
+    check_quant_k_same(x, "huge");
+    x[17] = INFINITY;
+    check_quant_k_same(x, "infinity");
+    for (int j = 0; j < FM_QK_K; j++) x[j] = rng_uniform();
+    x[3] = NAN;
+    x[250] = -NAN;
+    check_quant_k_same(x, "NaN");
+    for (int j = 0; j < FM_QK_K; j++) x[j] = NAN;
+    check_quant_k_same(x, "all NaN");
+}
+
 static void test_row_and_check(void) {
     char err[FM_ERROR_LEN];
     fm_block_q8_0 blk[2];
@@ -525,6 +575,7 @@ int main(void) {
     g_amx_default = fm_cpu_amx();
     test_isa_levels();
     test_quantise();
+    test_quantise_k();
     test_row_and_check();
     fm_pool *pool = fm_pool_create(2);
     static const int64_t shapes[][2] = {{1, 32}, {5, 64}, {37, 96}, {67, 256}, {13, 1056}};

@@ -29,6 +29,7 @@
 typedef struct {
     fm_mm_kernel kern[FM_DTYPE_COUNT]; /* Q8_0: the scalar kernel; SIMD levels use q8 instead */
     fm_mm_quant_fn quant;
+    void (*quant_k)(const float *x, fm_block_q8_K *y, int64_t n); /* to Q8_K, bit-identical at every level */
     const fm_mm_q8_family *q8;     /* NULL: the scalar Q8_0 kernel on block-major activations */
     const fm_mm_q8_family *q8_amx; /* the batches of amx_batch, when set */
     int split_bf16;                /* the BF16 kernel reads xbf_hi/xbf_lo */
@@ -43,6 +44,7 @@ static const fm_mm_table k_scalar = {
              [FM_DTYPE_Q5_K] = fm_mm_q5_K_scalar,
              [FM_DTYPE_Q6_K] = fm_mm_q6_K_scalar},
     .quant = fm_quant_q8_0_scalar,
+    .quant_k = fm_quant_q8_K_ref,
 };
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -56,6 +58,7 @@ static const fm_mm_table k_avx2 = {
              [FM_DTYPE_Q5_K] = fm_mm_q5_K_avx2,
              [FM_DTYPE_Q6_K] = fm_mm_q6_K_avx2},
     .quant = fm_quant_q8_0_avx2,
+    .quant_k = fm_quant_q8_K_avx2,
     .q8 = &fm_q8_family_avx2,
 };
 #endif
@@ -308,7 +311,7 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *c
             for (int i = 0; i < n; i++) matmul_k_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
             return;
         }
-        fm_quant_q8_K_ref(x, xk, (int64_t)T * cols);
+        tab->quant_k(x, xk, (int64_t)T * cols);
         act.xk = xk;
     } else if (dt == FM_DTYPE_BF16 && tab->split_bf16) {
         size_t m = (size_t)T * (size_t)cols, half = align64(m * sizeof(uint16_t));
