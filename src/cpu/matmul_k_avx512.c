@@ -515,8 +515,12 @@ static void kq_stage_q6(const uint8_t *const row[KQ_PANEL], __m512i roff, kq_pan
 typedef void (*kq_stage_fn)(const uint8_t *const[KQ_PANEL], __m512i, kq_panel *);
 static const kq_stage_fn k_stage[3] = {kq_stage_q4, kq_stage_q5, kq_stage_q6};
 
+/* The AVX2 kernels, for the last rows of a range when they would fill half a panel or less (the ranges of
+ * many workers are short: 2560 rows over 16 workers' chunks of 20): their 8-row panels, the same bits. */
+static const fm_mm_kernel k_avx2_kernels[3] = {fm_mm_q4_K_avx2, fm_mm_q5_K_avx2, fm_mm_q6_K_avx2};
+
 /* Rows [r0, r1) in panels of 16 (a last, partial one repeats its first row in the missing lanes and stores
- * only its own), tokens in passes of up to KQ_PASS. */
+ * only its own; 8 rows or fewer go to the AVX2 kernel), tokens in passes of up to KQ_PASS. */
 static void kq_panel_rows(const int kind, const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias,
                           int64_t r0, int64_t r1) {
     const int64_t nb = w->cols / FM_QK_K, bb = kq_block_bytes(kind), row_bytes = nb * bb;
@@ -526,6 +530,10 @@ static void kq_panel_rows(const int kind, const fm_matrix *w, const fm_mm_act *a
     __m512 s[KQ_PASS];
     for (int64_t rp = r0; rp < r1; rp += KQ_PANEL) {
         const int nr = r1 - rp < KQ_PANEL ? (int)(r1 - rp) : KQ_PANEL;
+        if (nr <= KQ_PANEL / 2) {
+            k_avx2_kernels[kind](w, a, y, bias, rp, r1, NULL);
+            break;
+        }
         const __mmask16 live = (__mmask16)((1u << nr) - 1);
         int32_t off[KQ_PANEL];
         for (int r = 0; r < KQ_PANEL; r++) off[r] = r < nr ? (int32_t)(r * row_bytes) : 0;
