@@ -414,9 +414,9 @@ static void test_batch_independence(fm_dtype dt, int64_t rows, int64_t cols, fm_
 /* The K-quant kernels of every level give the scalar kernel's results bit for bit (they sum each super-block
  * exactly in integers and take the scalar f32 steps per (row, token) in its order): stronger than
  * test_type's tolerance, and what makes batch independence hold by construction. Rows not a multiple of the
- * kernels' row tiles, T across their token tiles, with and without the pool. */
+ * kernels' row tiles, T across their token tiles and passes, with and without the pool. */
 static void test_k_exact(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
-    enum { TMAX = 21 };
+    enum { TMAX = 70 };
     fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols), NULL};
     float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
     float *yref = malloc(sizeof(float) * (size_t)(TMAX * rows)),
@@ -424,7 +424,7 @@ static void test_k_exact(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool)
     float *bias = malloc(sizeof(float) * (size_t)rows);
     for (int64_t i = 0; i < TMAX * cols; i++) x[i] = rng_uniform() * 4.0f;
     for (int64_t r = 0; r < rows; r++) bias[r] = rng_uniform();
-    static const int Ts[] = {1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 21};
+    static const int Ts[] = {1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 21, 70}; /* 70: two passes over a panel */
     for (size_t k = 0; k < sizeof Ts / sizeof *Ts; k++) {
         const int T = Ts[k];
         fm_matmul_reference(&w, x, T, yref, k % 2 ? bias : NULL);
