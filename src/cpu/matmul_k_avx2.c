@@ -59,6 +59,8 @@ FM_INLINE void kq_scales_mins(const uint8_t *p, uint64_t *sc, uint64_t *mn) {
     *mn = (uint64_t)(b & low6) | (uint64_t)m47 << 32;
 }
 
+/* ---- batches of 1 or 2 tokens: lanes over (row, token), reduced by a tree ---- */
+
 /* vpshufb masks (as int16 lanes: low byte picked, high byte zeroed) on a register holding bytes b0..b7 in
  * each 64-bit half: b_j in every int16 lane (sub-block j's scale); b_j in int16 lanes 2j, 2j + 1 (a min
  * against its sub-block's two bsums). */
@@ -82,22 +84,22 @@ FM_INLINE __m256i kq_load(const void *p) {
     return _mm256_loadu_si256((const __m256i *)p);
 }
 
-/* Q5_K's fifth bits for one 32-weight half-chunk: bit k of each qh byte moved to bit 4 (16-bit shifts keep
- * each byte's bit within its byte once masked). */
-FM_INLINE __m256i kq_q5_high(__m256i qh, const int k) {
+/* Q5_K's fifth bits: bit k of each byte of v moved to bit 4 (the shifts cross bytes, the mask keeps each
+ * byte's own bit). */
+FM_INLINE __m256i kq_bit_to_4(__m256i v, const int k) {
     const __m256i bit4 = _mm256_set1_epi8(0x10);
-    if (k <= 4) return _mm256_and_si256(_mm256_slli_epi16(qh, 4 - k), bit4);
-    return _mm256_and_si256(_mm256_srli_epi16(qh, k - 4), bit4);
+    if (k <= 4) return _mm256_and_si256(_mm256_slli_epi32(v, 4 - k), bit4);
+    return _mm256_and_si256(_mm256_srli_epi32(v, k - 4), bit4);
 }
 
-/* One row's super-block (blk) against TP tokens (nt of them; x blocks xb[t * xstride]): per token t, the
- * isum partials li[t] (8 lanes summing to quant_k.c's isum, Q6_K's offset included) and the msum partials
- * lm[t] (Q4_K / Q5_K). Tokens t >= nt get zeros. */
+/* One row's super-block (blk) against TP tokens (x blocks xb[t * xstride]): per token t, the isum partials
+ * li[t] (8 lanes summing to quant_k.c's isum, Q6_K's offset included) and the msum partials lm[t] (Q4_K /
+ * Q5_K; zeros for Q6_K). */
 FM_INLINE void kq_block(const int kind, const int TP, const uint8_t *blk, const fm_block_q8_K *xb,
-                        int64_t xstride, int nt, __m256i *li, __m256i *lm) {
+                        int64_t xstride, __m256i *li, __m256i *lm) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
-    __m256i acc[8];
-#pragma GCC unroll 8
+    __m256i acc[2];
+#pragma GCC unroll 2
     for (int t = 0; t < TP; t++) acc[t] = _mm256_setzero_si256();
     if (kind != KQ_Q6) {
         uint64_t sc8, mn8;
@@ -110,14 +112,13 @@ FM_INLINE void kq_block(const int kind, const int TP, const uint8_t *blk, const 
             const __m256i v = kq_load(qs + 32 * c);
             __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
             if (kind == KQ_Q5) {
-                lo = _mm256_or_si256(lo, kq_q5_high(qh, 2 * c));
-                hi = _mm256_or_si256(hi, kq_q5_high(qh, 2 * c + 1));
+                lo = _mm256_or_si256(lo, kq_bit_to_4(qh, 2 * c));
+                hi = _mm256_or_si256(hi, kq_bit_to_4(qh, 2 * c + 1));
             }
             const __m256i s0 = _mm256_shuffle_epi8(scb, kq_pick16(2 * c));
             const __m256i s1 = _mm256_shuffle_epi8(scb, kq_pick16(2 * c + 1));
 #pragma GCC unroll 8
             for (int t = 0; t < TP; t++) {
-                if (t >= nt) break;
                 const int8_t *x = xb[t * xstride].qs + 64 * c;
                 const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, kq_load(x)), s0);
                 const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, kq_load(x + 32)), s1);
@@ -128,7 +129,7 @@ FM_INLINE void kq_block(const int kind, const int TP, const uint8_t *blk, const 
 #pragma GCC unroll 8
         for (int t = 0; t < TP; t++) {
             li[t] = acc[t];
-            lm[t] = t < nt ? _mm256_madd_epi16(kq_load(xb[t * xstride].bsums), mins) : _mm256_setzero_si256();
+            lm[t] = _mm256_madd_epi16(kq_load(xb[t * xstride].bsums), mins);
         }
         return;
     }
@@ -160,7 +161,6 @@ FM_INLINE void kq_block(const int kind, const int TP, const uint8_t *blk, const 
         const __m256i s1 = _mm256_shuffle_epi8(src, kq_pick_q6((2 * c + 1) % 4));
 #pragma GCC unroll 8
         for (int t = 0; t < TP; t++) {
-            if (t >= nt) break;
             const int8_t *x = xb[t * xstride].qs + 64 * c;
             const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, kq_load(x)), s0);
             const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, kq_load(x + 32)), s1);
@@ -171,8 +171,7 @@ FM_INLINE void kq_block(const int kind, const int TP, const uint8_t *blk, const 
     const __m256i off = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5));
 #pragma GCC unroll 8
     for (int t = 0; t < TP; t++) {
-        li[t] = t < nt ? _mm256_add_epi32(acc[t], _mm256_madd_epi16(kq_load(xb[t * xstride].bsums), off))
-                       : _mm256_setzero_si256();
+        li[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(kq_load(xb[t * xstride].bsums), off));
         lm[t] = _mm256_setzero_si256();
     }
 }
@@ -217,7 +216,7 @@ FM_INLINE void kq_small_tile(const int kind, const int TP, const uint8_t *wr, in
                     continue;
                 }
                 const uint8_t *blk = wr + r * row_bytes + b * bb;
-                kq_block(kind, TP, blk, xb, nb, TP, li + rr * TP, lm + rr * TP);
+                kq_block(kind, TP, blk, xb, nb, li + rr * TP, lm + rr * TP);
                 uint16_t d, dmin = 0;
                 memcpy(&d, blk + (kind == KQ_Q6 ? 208 : 0), 2);
                 if (kind != KQ_Q6) memcpy(&dmin, blk + 2, 2);
@@ -344,12 +343,6 @@ FM_INLINE __m256i kq_pair_mask(int i, int hi, int odd) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)m));
 }
 
-FM_INLINE __m256i kq_bit_to_4_32(__m256i v, const int k) { /* kq_q5_high with 32-bit shifts */
-    const __m256i bit4 = _mm256_set1_epi8(0x10);
-    if (k <= 4) return _mm256_and_si256(_mm256_slli_epi32(v, 4 - k), bit4);
-    return _mm256_and_si256(_mm256_srli_epi32(v, k - 4), bit4);
-}
-
 /* Unpacks super-block b of the panel's rows (row[r] points at it). */
 FM_INLINE void kq_stage(const int kind, const uint8_t *const row[KQ_PANEL], kq_panel *p) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
@@ -392,8 +385,8 @@ FM_INLINE void kq_stage(const int kind, const uint8_t *const row[KQ_PANEL], kq_p
             const int c = n / 8, m = n % 8;
             __m256i lo = _mm256_and_si256(q[n], nib), hi = _mm256_and_si256(_mm256_srli_epi32(q[n], 4), nib);
             if (kind == KQ_Q5) {
-                lo = _mm256_or_si256(lo, kq_bit_to_4_32(qh[m], 2 * c));
-                hi = _mm256_or_si256(hi, kq_bit_to_4_32(qh[m], 2 * c + 1));
+                lo = _mm256_or_si256(lo, kq_bit_to_4(qh[m], 2 * c));
+                hi = _mm256_or_si256(hi, kq_bit_to_4(qh[m], 2 * c + 1));
             }
             p->w[16 * c + m] = lo;
             p->w[16 * c + 8 + m] = hi;

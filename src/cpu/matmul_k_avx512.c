@@ -76,11 +76,11 @@ FM_INLINE __m512i kq_bcast256(const void *p) {
     return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
 }
 
-/* One row's super-block (blk) against TP tokens (nt of them; x blocks xb[t * xstride]): per token t, the
- * isum partials li[t] (8 lanes summing to quant_k.c's isum, Q6_K's offset included) and the msum partials
- * lm[t] (Q4_K / Q5_K). Tokens t >= nt get zeros. */
+/* One row's super-block (blk) against TP tokens (x blocks xb[t * xstride]): per token t, the isum partials
+ * li[t] (8 lanes summing to quant_k.c's isum, Q6_K's offset included) and the msum partials lm[t] (Q4_K /
+ * Q5_K; zeros for Q6_K). */
 FM_INLINE void kq_block(const int kind, const int TP, const uint8_t *blk, const fm_block_q8_K *xb,
-                        int64_t xstride, int nt, __m256i *li, __m256i *lm) {
+                        int64_t xstride, __m256i *li, __m256i *lm) {
     const __m512i nib = _mm512_set1_epi8(0x0F);
     __m512i wq[4]; /* weights 64c .. 64c + 63 as unsigned bytes */
     __m512i s01, s23;
@@ -133,10 +133,6 @@ FM_INLINE void kq_block(const int kind, const int TP, const uint8_t *blk, const 
     }
 #pragma GCC unroll 8
     for (int t = 0; t < TP; t++) {
-        if (t >= nt) {
-            li[t] = lm[t] = _mm256_setzero_si256();
-            continue;
-        }
         const int8_t *x = xb[t * xstride].qs;
         __m512i p[4];
 #pragma GCC unroll 4
@@ -196,7 +192,7 @@ FM_INLINE void kq_small_tile(const int kind, const int TP, const uint8_t *wr, in
                     continue;
                 }
                 const uint8_t *blk = wr + r * row_bytes + b * bb;
-                kq_block(kind, TP, blk, xb, nb, TP, li + rr * TP, lm + rr * TP);
+                kq_block(kind, TP, blk, xb, nb, li + rr * TP, lm + rr * TP);
                 uint16_t d, dmin = 0;
                 memcpy(&d, blk + (kind == KQ_Q6 ? 208 : 0), 2);
                 if (kind != KQ_Q6) memcpy(&dmin, blk + 2, 2);
