@@ -66,6 +66,7 @@ typedef struct {
     int drafter_layers, drafter_dim, drafter_block, drafter_n_capture;
     const char *drafter_weight_type; /* the type drafts multiply by: "q8_0", "bf16", ... */
     const char *device;              /* "cpu" or "cuda" */
+    const char *device_note;         /* why a GPU that is present is not used (auto), or NULL */
     const char *isa;                 /* CPU kernel level in use */
     int huge_pages;                  /* the CPU reads the target's weights from transparent huge pages */
 } fm_engine_info;

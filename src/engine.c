@@ -1,5 +1,6 @@
 /* engine.c: implements flashmap.h: loads the target (and drafter), owns the worker threads, and runs sessions
  * through the decoding loop (decode/speculative.c). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,10 @@ static int choose_device(fm_engine *e, fm_device device, char *err, size_t errle
         return fm_set_error(err, errlen, "--device cuda: the CUDA backend runs Q8_0 targets; this one is %s",
                             e->weight_types);
     e->use_cuda = gpu && q8;
+    if (gpu && !q8)
+        snprintf(e->device_note, sizeof e->device_note,
+                 "the CUDA backend runs Q8_0 targets and this one is %s: decoding on the CPU",
+                 e->weight_types);
 #else
     (void)e;
     (void)device;
@@ -155,6 +160,7 @@ void fm_engine_get_info(const fm_engine *e, fm_engine_info *info) {
         info->drafter_weight_type = fm_dtype_name(fm_drafter_matrix_type(e->drafter));
     }
     info->device = e->use_cuda ? "cuda" : "cpu";
+    info->device_note = e->device_note[0] ? e->device_note : NULL;
     info->isa = fm_isa_name(fm_cpu_isa());
     info->huge_pages = e->weights_resident;
 }

@@ -21,6 +21,7 @@ struct fm_engine {
     int capture[FM_DRAFTER_MAX_CAPTURE], n_capture;
     int use_cuda;          /* sessions run on the GPU backend */
     char weight_types[48]; /* qwen3_model_weight_types, for fm_engine_info and messages */
+    char device_note[128]; /* fm_engine_info.device_note; empty when there is nothing to say */
     int weights_resident;  /* the target's weights were moved into huge pages (qwen3_model_make_resident) */
 };
 

@@ -184,6 +184,12 @@ void cli_engine_params(const cli_engine_opts *o, fm_engine_params *ep) {
     ep->keep_mmap = o->keep_mmap;
 }
 
+void cli_print_device_note(const char *cmd, const fm_engine *e) {
+    fm_engine_info info;
+    fm_engine_get_info(e, &info);
+    if (info.device_note) fprintf(stderr, "flashmap %s: note: %s\n", cmd, info.device_note);
+}
+
 double cli_prefill_tok_s(const fm_generate_stats *st) {
     return st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0;
 }

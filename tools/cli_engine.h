@@ -61,6 +61,8 @@ int cli_engine_opt(const char *cmd, int argc, char **argv, int *i, unsigned flag
 int cli_engine_resolve_defaults(const char *cmd, cli_engine_opts *o);
 /* The engine parameters for these options (the drafter only when speculative decoding is on). */
 void cli_engine_params(const cli_engine_opts *o, fm_engine_params *ep);
+/* Prints the engine's device note (a GPU present but not used, and why) to stderr, when it has one. */
+void cli_print_device_note(const char *cmd, const fm_engine *e);
 
 /* Prompt tokens per second of prefill, and new tokens per second of decoding (the first new token comes from
  * the prefill, so it is not counted); 0 when nothing was timed. */

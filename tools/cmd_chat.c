@@ -84,6 +84,7 @@ int cmd_chat(int argc, char **argv) {
         fm_engine_free(e);
         return 1;
     }
+    cli_print_device_note(CMD, e);
     fm_generate_params gp;
     fm_generate_params_init(&gp);
     gp.max_new_tokens = (int)n_predict;

@@ -266,6 +266,7 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "flashmap %s: %s\n", CMD, err);
         return 1;
     }
+    cli_print_device_note(CMD, e);
     int32_t *prompt = NULL, *toks = NULL, *future = NULL;
     int n_prompt = 0, n_toks = 0, n_future = 0, rc = 1, n_trace = 0;
     fm_session *s = NULL;

@@ -142,6 +142,7 @@ int cmd_serve(int argc, char **argv) {
         close(fd);
         return 1;
     }
+    cli_print_device_note(CMD, e);
     fm_engine_info info;
     fm_engine_get_info(e, &info);
     const serve_worker_params wp = {
