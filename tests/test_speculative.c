@@ -18,11 +18,13 @@ typedef struct {
     int kv_heads, seed;
 } model_spec;
 
+/* The K-quants need every product's input length a multiple of 256: dim, the heads' width and ffn. */
+static const char *const SHAPE_SMALL = "--dim 64 --heads 4 --head-dim 16 --ffn 128",
+                         *const SHAPE_K = "--dim 256 --heads 4 --head-dim 64 --ffn 256";
+
 static const model_spec MODELS[] = {
-    {"f32", "--tied", 2, 11},
-    {"q8_0", "--tied", 1, 12},
-    {"bf16", "--untied", 4, 13},
-    {"f16", "--untied", 2, 14},
+    {"f32", "--tied", 2, 11},   {"q8_0", "--tied", 1, 12},   {"bf16", "--untied", 4, 13},
+    {"f16", "--untied", 2, 14}, {"q4_k_m", "--tied", 2, 15}, {"q6_k", "--untied", 1, 16},
 };
 enum { N_MODELS = sizeof MODELS / sizeof MODELS[0], N_CASES_PER_MODEL = 60 };
 
@@ -49,9 +51,9 @@ static int synth_pair(const model_spec *m, char *target, char *drafter, size_t l
     snprintf(drafter, len, "%s/spec_drafter_%s_%d", fm_test_tmpdir(), m->type, m->seed);
     char cmd[16384];
     snprintf(cmd, sizeof cmd,
-             "'%s' synth target -o '%s' --layers 3 --dim 64 --heads 4 --kv-heads %d --head-dim 16 --ffn 128 "
-             "--type %s %s --seed %d >/dev/null 2>&1",
-             cli, target, m->kv_heads, m->type, m->tie, m->seed);
+             "'%s' synth target -o '%s' --layers 3 %s --kv-heads %d --type %s %s --seed %d >/dev/null 2>&1",
+             cli, target, strstr(m->type, "_k") ? SHAPE_K : SHAPE_SMALL, m->kv_heads, m->type, m->tie,
+             m->seed);
     if (run(cmd)) return -1;
     snprintf(cmd, sizeof cmd,
              "mkdir -p '%s' && '%s' synth drafter -m '%s' -o '%s/model.safetensors' --dim 64 --layers 2 "
