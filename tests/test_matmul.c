@@ -83,6 +83,14 @@ static void *make_weights(fm_dtype dt, int64_t rows, int64_t cols) {
             if (dt == FM_DTYPE_BF16) ((uint16_t *)row)[k] = fm_f32_to_bf16(v);
         }
         if (fm_dtype_is_k_quant(dt)) make_k_blocks(dt, row, cols / FM_QK_K);
+        if (fm_dtype_is_legacy_quant(dt)) { /* Q4_0 / Q5_0: every quant and fifth bit random, d small */
+            const size_t bb = (size_t)fm_dtype_block_bytes(dt);
+            for (size_t i = 0; i < rb; i++) row[i] = (char)(rng_u32() & 0xff);
+            for (int64_t b = 0; b < cols / 32; b++) {
+                const uint16_t d = fm_f32_to_f16(0.002f + 0.04f * (rng_uniform() + 1.0f));
+                memcpy(row + (size_t)b * bb, &d, 2);
+            }
+        }
         if (dt == FM_DTYPE_Q8_0)
             for (int64_t b = 0; b < cols / 32; b++) {
                 fm_block_q8_0 *blk = (fm_block_q8_0 *)row + b;
@@ -136,7 +144,7 @@ static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
     /* For Q8_0 the exact product uses x as quantised then dequantised (what the kernels multiply). */
     float *xe = malloc(sizeof(float) * (size_t)(Tmax * cols));
     memcpy(xe, x, sizeof(float) * (size_t)(Tmax * cols));
-    if (dt == FM_DTYPE_Q8_0) {
+    if (dt == FM_DTYPE_Q8_0 || fm_dtype_is_legacy_quant(dt)) { /* Q4_0 / Q5_0 read Q8_0 activations too */
         fm_block_q8_0 *q = malloc(sizeof *q * (size_t)(Tmax * cols / 32));
         ggml_style_q8_0(x, q, Tmax * cols);
         fm_matrix xm = {FM_DTYPE_Q8_0, Tmax, cols, q, NULL};
@@ -334,6 +342,26 @@ static void test_row_and_check(void) {
     fm_matrix mf = {FM_DTYPE_F32, 2, 2, f, NULL};
     fm_matrix_row_f32(&mf, 1, out);
     CHECK(out[0] == 3 && out[1] == 4);
+
+    /* Q4_0 / Q5_0 by hand: weight j < 16 in the low nibble of qs[j], j + 16 in its high nibble; Q5_0's fifth
+     * bit of weight j is bit j of qh read little-endian. */
+    fm_block_q4_0 b4 = {fm_f32_to_f16(0.5f), {0}};
+    b4.qs[0] = 0xF0;  /* weight 0: 0 - 8, weight 16: 15 - 8 */
+    b4.qs[15] = 0x39; /* weight 15: 9 - 8, weight 31: 3 - 8 */
+    fm_matrix m4 = {FM_DTYPE_Q4_0, 1, 32, &b4, NULL};
+    fm_matrix_row_f32(&m4, 0, out);
+    CHECK(out[0] == -4.0f && out[16] == 3.5f && out[15] == 0.5f && out[31] == -2.5f && out[1] == -4.0f);
+    fm_block_q5_0 b5 = {fm_f32_to_f16(0.25f), {0x01, 0, 0, 0x80}, {0}};
+    b5.qs[0] = 0xF0;  /* weight 0: 16 + 0 - 16, weight 16: 15 - 16 */
+    b5.qs[15] = 0x3F; /* weight 15: 15 - 16, weight 31: 16 + 3 - 16 */
+    fm_matrix m5 = {FM_DTYPE_Q5_0, 1, 32, &b5, NULL};
+    fm_matrix_row_f32(&m5, 0, out);
+    CHECK(out[0] == 0.0f && out[16] == -0.25f && out[15] == -0.25f && out[31] == 0.75f && out[1] == -4.0f);
+    CHECK(fm_dtype_row_bytes(FM_DTYPE_Q4_0, 64) == 36 && fm_dtype_row_bytes(FM_DTYPE_Q5_0, 64) == 44);
+    CHECK(fm_dtype_to_ggml(FM_DTYPE_Q4_0) == 2 && fm_dtype_to_ggml(FM_DTYPE_Q5_0) == 6);
+    fm_dtype pt;
+    CHECK(fm_dtype_parse("Q4_0", &pt) == 0 && pt == FM_DTYPE_Q4_0);
+    CHECK(fm_dtype_parse("q5_0", &pt) == 0 && pt == FM_DTYPE_Q5_0);
 
     CHECK(fm_matrix_check(&m, err, sizeof err) == 0);
     fm_matrix bad = {FM_DTYPE_Q8_0, 4, 48, blk, NULL};
@@ -602,6 +630,11 @@ int main(void) {
         test_batch_independence((fm_dtype)dt, 21, 9728, pool);
         test_k_exact((fm_dtype)dt, 45, 1280, pool);
         test_k_exact((fm_dtype)dt, 7, 256, pool);
+    }
+    for (int dt = FM_DTYPE_Q4_0; dt <= FM_DTYPE_Q5_0; dt++) {
+        test_batch_independence((fm_dtype)dt, 67, 1056, pool);
+        test_batch_independence((fm_dtype)dt, 21, 9728, pool);
+        test_batch_independence((fm_dtype)dt, 9, 64, pool);
     }
     test_multi(pool);
     for (size_t s = 0; s < sizeof bi_shapes / sizeof *bi_shapes; s++)

@@ -26,6 +26,12 @@ int fm_dtype_from_ggml(uint32_t ggml_type, fm_dtype *out) {
     case FM_GGML_TYPE_Q6_K:
         *out = FM_DTYPE_Q6_K;
         return 0;
+    case FM_GGML_TYPE_Q4_0:
+        *out = FM_DTYPE_Q4_0;
+        return 0;
+    case FM_GGML_TYPE_Q5_0:
+        *out = FM_DTYPE_Q5_0;
+        return 0;
     default:
         return -1;
     }
@@ -36,7 +42,8 @@ uint32_t fm_dtype_to_ggml(fm_dtype t) {
         [FM_DTYPE_F32] = FM_GGML_TYPE_F32,   [FM_DTYPE_F16] = FM_GGML_TYPE_F16,
         [FM_DTYPE_BF16] = FM_GGML_TYPE_BF16, [FM_DTYPE_Q8_0] = FM_GGML_TYPE_Q8_0,
         [FM_DTYPE_Q4_K] = FM_GGML_TYPE_Q4_K, [FM_DTYPE_Q5_K] = FM_GGML_TYPE_Q5_K,
-        [FM_DTYPE_Q6_K] = FM_GGML_TYPE_Q6_K,
+        [FM_DTYPE_Q6_K] = FM_GGML_TYPE_Q6_K, [FM_DTYPE_Q4_0] = FM_GGML_TYPE_Q4_0,
+        [FM_DTYPE_Q5_0] = FM_GGML_TYPE_Q5_0,
     };
     return ids[t];
 }
@@ -45,7 +52,7 @@ const char *fm_dtype_name(fm_dtype t) {
     static const char *names[FM_DTYPE_COUNT] = {
         [FM_DTYPE_F32] = "f32",   [FM_DTYPE_F16] = "f16",   [FM_DTYPE_BF16] = "bf16",
         [FM_DTYPE_Q8_0] = "q8_0", [FM_DTYPE_Q4_K] = "q4_k", [FM_DTYPE_Q5_K] = "q5_k",
-        [FM_DTYPE_Q6_K] = "q6_k"};
+        [FM_DTYPE_Q6_K] = "q6_k", [FM_DTYPE_Q4_0] = "q4_0", [FM_DTYPE_Q5_0] = "q5_0"};
     return (unsigned)t < FM_DTYPE_COUNT ? names[t] : "?";
 }
 
@@ -62,7 +69,8 @@ int fm_dtype_parse(const char *name, fm_dtype *out) {
 }
 
 int fm_dtype_block_elems(fm_dtype t) {
-    return t == FM_DTYPE_Q8_0 ? FM_QK8_0 : fm_dtype_is_k_quant(t) ? FM_QK_K : 1;
+    if (t == FM_DTYPE_Q8_0 || fm_dtype_is_legacy_quant(t)) return FM_QK8_0;
+    return fm_dtype_is_k_quant(t) ? FM_QK_K : 1;
 }
 
 int fm_dtype_block_bytes(fm_dtype t) {
@@ -74,6 +82,8 @@ int fm_dtype_block_bytes(fm_dtype t) {
         [FM_DTYPE_Q4_K] = sizeof(fm_block_q4_K),
         [FM_DTYPE_Q5_K] = sizeof(fm_block_q5_K),
         [FM_DTYPE_Q6_K] = sizeof(fm_block_q6_K),
+        [FM_DTYPE_Q4_0] = sizeof(fm_block_q4_0),
+        [FM_DTYPE_Q5_0] = sizeof(fm_block_q5_0),
     };
     return bytes[t];
 }

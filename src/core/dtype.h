@@ -15,6 +15,8 @@ typedef enum {
     FM_DTYPE_Q4_K,
     FM_DTYPE_Q5_K,
     FM_DTYPE_Q6_K,
+    FM_DTYPE_Q4_0, /* after the others, so that no older value moves */
+    FM_DTYPE_Q5_0,
     FM_DTYPE_COUNT,
 } fm_dtype;
 
@@ -22,6 +24,8 @@ typedef enum {
 enum {
     FM_GGML_TYPE_F32 = 0,
     FM_GGML_TYPE_F16 = 1,
+    FM_GGML_TYPE_Q4_0 = 2,
+    FM_GGML_TYPE_Q5_0 = 6,
     FM_GGML_TYPE_Q8_0 = 8,
     FM_GGML_TYPE_Q4_K = 12,
     FM_GGML_TYPE_Q5_K = 13,
@@ -36,6 +40,30 @@ typedef struct {
     int8_t qs[FM_QK8_0];
 } fm_block_q8_0;
 static_assert(sizeof(fm_block_q8_0) == 34, "Q8_0 block must be 34 bytes, as in GGUF");
+
+/* The legacy 4- and 5-bit types (llama.cpp's Q4_0 / Q5_0 files), blocks of 32 like Q8_0. Q4_0: f16 d and
+ * 16 bytes of nibbles, weight j < 16 in the low nibble of qs[j], weight j + 16 in its high nibble;
+ * w = d * (q - 8). Q5_0: the same plus a fifth bit per weight (bit j of qh, read as a little-endian uint32,
+ * for weight j); w = d * (q - 16) with q in 0..31. Their products read Q8_0 activations (cpu/quant_legacy.h).
+ */
+#define FM_QK4_0 32
+typedef struct {
+    uint16_t d;
+    uint8_t qs[FM_QK4_0 / 2];
+} fm_block_q4_0;
+static_assert(sizeof(fm_block_q4_0) == 18, "Q4_0 block must be 18 bytes, as in GGUF");
+
+typedef struct {
+    uint16_t d;
+    uint8_t qh[4]; /* the fifth bits, little-endian */
+    uint8_t qs[FM_QK4_0 / 2];
+} fm_block_q5_0;
+static_assert(sizeof(fm_block_q5_0) == 22, "Q5_0 block must be 22 bytes, as in GGUF");
+
+/* Whether t is Q4_0 or Q5_0 (32-weight blocks, Q8_0 activations). */
+static inline int fm_dtype_is_legacy_quant(int t) {
+    return t == FM_DTYPE_Q4_0 || t == FM_DTYPE_Q5_0;
+}
 
 /* The K-quants (llama.cpp's Q4_K_M / Q5_K_M / Q6_K files): super-blocks of 256 weights. Q4_K and Q5_K keep
  * 8 sub-blocks of 32 with a 6-bit scale and a 6-bit min each (packed in 12 bytes, see fm_k_scale_min), so
@@ -95,9 +123,11 @@ static inline int fm_dtype_is_k_quant(int t) {
 int fm_dtype_from_ggml(uint32_t ggml_type, fm_dtype *out);
 uint32_t fm_dtype_to_ggml(fm_dtype t);
 const char *fm_dtype_name(fm_dtype t);
-/* Parses "f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k" (case-insensitive); -1 when unknown. */
+/* Parses "f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0" (case-insensitive); -1 when
+ * unknown. */
 int fm_dtype_parse(const char *name, fm_dtype *out);
-/* Elements per block (1 for float types, 32 for Q8_0, 256 for the K-quants) and bytes per block. */
+/* Elements per block (1 for float types, 32 for Q8_0 / Q4_0 / Q5_0, 256 for the K-quants) and bytes per
+ * block. */
 int fm_dtype_block_elems(fm_dtype t);
 int fm_dtype_block_bytes(fm_dtype t);
 /* Bytes of a row of n elements; 0 when n is not a multiple of the block size. */

@@ -25,6 +25,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/matmul_kernels.h"
 #include "cpu/quant_k.h"
+#include "cpu/quant_legacy.h"
 
 typedef struct {
     fm_mm_kernel kern[FM_DTYPE_COUNT]; /* Q8_0: the scalar kernel; SIMD levels use q8 instead */
@@ -42,7 +43,9 @@ static const fm_mm_table k_scalar = {
              [FM_DTYPE_Q8_0] = fm_mm_q8_0_scalar,
              [FM_DTYPE_Q4_K] = fm_mm_q4_K_scalar,
              [FM_DTYPE_Q5_K] = fm_mm_q5_K_scalar,
-             [FM_DTYPE_Q6_K] = fm_mm_q6_K_scalar},
+             [FM_DTYPE_Q6_K] = fm_mm_q6_K_scalar,
+             [FM_DTYPE_Q4_0] = fm_mm_q4_0_scalar,
+             [FM_DTYPE_Q5_0] = fm_mm_q5_0_scalar},
     .quant = fm_quant_q8_0_scalar,
     .quant_k = fm_quant_q8_K_ref,
 };
@@ -56,7 +59,9 @@ static const fm_mm_table k_avx2 = {
              [FM_DTYPE_Q8_0] = fm_mm_q8_0_scalar,
              [FM_DTYPE_Q4_K] = fm_mm_q4_K_avx2,
              [FM_DTYPE_Q5_K] = fm_mm_q5_K_avx2,
-             [FM_DTYPE_Q6_K] = fm_mm_q6_K_avx2},
+             [FM_DTYPE_Q6_K] = fm_mm_q6_K_avx2,
+             [FM_DTYPE_Q4_0] = fm_mm_q4_0_scalar,
+             [FM_DTYPE_Q5_0] = fm_mm_q5_0_scalar},
     .quant = fm_quant_q8_0_avx2,
     .quant_k = fm_quant_q8_K_avx2,
     .q8 = &fm_q8_family_avx2,
@@ -238,6 +243,26 @@ static void matmul_q8_0_nomem(const fm_matrix *w, const float *x, int T, float *
     }
 }
 
+/* The same fallback for Q4_0 / Q5_0. */
+static void matmul_legacy_nomem(const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
+    const int64_t nb = w->cols / FM_QK8_0;
+    const size_t bb = (size_t)fm_dtype_block_bytes(w->dtype);
+    for (int64_t r = 0; r < w->rows; r++) {
+        const char *wr = (const char *)w->data + (size_t)r * (size_t)nb * bb;
+        for (int t = 0; t < T; t++) {
+            float s = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                fm_block_q8_0 xb;
+                fm_quant_q8_0_scalar(x + (int64_t)t * w->cols + b * FM_QK8_0, &xb, NULL, FM_QK8_0, 1);
+                float dw;
+                const int32_t isum = fm_legacy_isum(w->dtype, wr + (size_t)b * bb, &xb, &dw);
+                s += (float)isum * (dw * fm_f16_to_f32(xb.d));
+            }
+            y[(int64_t)t * w->rows + r] = s + (bias ? bias[r] : 0.0f);
+        }
+    }
+}
+
 /* The same fallback for the K-quants: one Q8_K block on the stack at a time. */
 static void matmul_k_nomem(const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
     const int64_t nb = w->cols / FM_QK_K;
@@ -295,11 +320,13 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *c
         q8->act_prep(x, T, cols, ws_buf, &act);
         tls = ws_buf + abytes;
         kern = q8->kern;
-    } else if (dt == FM_DTYPE_Q8_0) {
+    } else if (dt == FM_DTYPE_Q8_0 || fm_dtype_is_legacy_quant(dt)) { /* block-major Q8_0 activations */
         const int64_t nb = cols / FM_QK8_0;
         fm_block_q8_0 *xq = scratch_get((size_t)T * (size_t)nb * sizeof(fm_block_q8_0)); /* [nb][T] */
         if (!xq) {
-            for (int i = 0; i < n; i++) matmul_q8_0_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
+            for (int i = 0; i < n; i++)
+                (dt == FM_DTYPE_Q8_0 ? matmul_q8_0_nomem : matmul_legacy_nomem)(ws[i], x, T, ys[i],
+                                                                                biases ? biases[i] : NULL);
             return;
         }
         for (int t = 0; t < T; t++) tab->quant(x + (int64_t)t * cols, xq + t, NULL, cols, T);
@@ -380,9 +407,10 @@ void fm_quantize_row_q8_0_reference(const float *x, fm_block_q8_0 *y, int64_t n)
 int fm_matrix_check(const fm_matrix *w, char *err, size_t errlen) {
     if (!w) return fm_set_error(err, errlen, "matmul: matrix is NULL");
     if ((unsigned)w->dtype >= FM_DTYPE_COUNT)
-        return fm_set_error(err, errlen,
-                            "matmul: unknown dtype %d (expected f32, f16, bf16, q8_0, q4_k, q5_k or q6_k)",
-                            (int)w->dtype);
+        return fm_set_error(
+            err, errlen,
+            "matmul: unknown dtype %d (expected f32, f16, bf16, q8_0, q4_k, q5_k, q6_k, q4_0 or q5_0)",
+            (int)w->dtype);
     if (w->rows <= 0 || w->cols <= 0)
         return fm_set_error(err, errlen, "matmul: shape %lldx%lld, expected positive rows and cols",
                             (long long)w->rows, (long long)w->cols);
@@ -455,6 +483,11 @@ void fm_matrix_row_f32(const fm_matrix *w, int64_t row, float *out) {
     case FM_DTYPE_Q6_K:
         fm_dequant_row_k(w->dtype, (const char *)w->data + (size_t)row * fm_dtype_row_bytes(w->dtype, K), out,
                          K);
+        break;
+    case FM_DTYPE_Q4_0:
+    case FM_DTYPE_Q5_0:
+        fm_dequant_row_legacy(w->dtype, (const char *)w->data + (size_t)row * fm_dtype_row_bytes(w->dtype, K),
+                              out, K);
         break;
     case FM_DTYPE_COUNT:
         break;

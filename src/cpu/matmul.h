@@ -22,12 +22,13 @@ typedef struct {
 } fm_matrix;
 
 /* Checks what fm_matmul assumes: a known dtype, rows/cols > 0, cols a multiple of the block size
- * (32 for Q8_0, 256 for the K-quants), data not NULL. Loaders call it once per weight; fm_matmul itself does
- * not check. */
+ * (32 for Q8_0, Q4_0 and Q5_0, 256 for the K-quants), data not NULL. Loaders call it once per weight;
+ * fm_matmul itself does not check. */
 int fm_matrix_check(const fm_matrix *w, char *err, size_t errlen);
 
 /* y[t * rows + r] = sum_k W[r][k] * x[t * cols + k] (+ bias[r] when bias != NULL), for t < T.
- * Q8_0 weights quantise x to Q8_0 blocks once per call (as llama.cpp does) and use int8 dot products;
+ * Q8_0 weights quantise x to Q8_0 blocks once per call (as llama.cpp does) and use int8 dot products, and so
+ * do Q4_0 / Q5_0 weights (cpu/quant_legacy.h);
  * K-quant weights (Q4_K, Q5_K, Q6_K) quantise it to Q8_K blocks of 256 (cpu/quant_k.h), as llama.cpp does.
  * x and y must not overlap. */
 void fm_matmul(fm_pool *pool, const fm_matrix *w, const float *x, int T, float *y, const float *bias);

@@ -21,7 +21,7 @@ enum { FM_Q8_VECS = 8 }; /* vectors per group: 32 bytes of a block in 4-byte lan
 typedef struct {
     int T;
     const float *x; /* [T][cols] f32 activations */
-    /* Q8_0 weights, scalar kernel: */
+    /* Q8_0 weights, scalar kernel; Q4_0 / Q5_0 weights at every level: */
     const fm_block_q8_0 *xq; /* [cols / 32][T] Q8_0 activations, block-major */
     /* Q8_0 weights, SIMD kernels (interleaved layout above): */
     int64_t ng;        /* groups per row: ceil(cols / 32 / G) */
@@ -68,6 +68,11 @@ void fm_mm_bf16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const f
 void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                        int64_t r1, void *tls);
 void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
+/* Q4_0 / Q5_0 weights x the block-major Q8_0 activations a->xq (quant_legacy.h). */
+void fm_mm_q4_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls);
+void fm_mm_q5_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls);
 void fm_mm_q4_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                        int64_t r1, void *tls);
 void fm_mm_q5_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,

@@ -2,11 +2,13 @@
  * quantiser. Plain loops in the order the math is written: the SIMD kernels are tested against these.
  * f32 accumulation throughout; Q8_0 sums each block's int8 products exactly in int32, then adds
  * isum * (d_w * d_x) in f32, block by block, as ggml's vec_dot_q8_0_q8_0 does. The K-quants sum each
- * super-block exactly in integers (quant_k.h) and add its value in f32, block by block. */
+ * super-block exactly in integers (quant_k.h) and add its value in f32, block by block. Q4_0 / Q5_0 sum
+ * their signed weights against the Q8_0 activations as Q8_0 does (quant_legacy.h). */
 #include <math.h>
 
 #include "cpu/matmul_kernels.h"
 #include "cpu/quant_k.h"
+#include "cpu/quant_legacy.h"
 
 static float out_bias(const float *bias, int64_t r) {
     return bias ? bias[r] : 0.0f;
@@ -74,6 +76,56 @@ void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const f
             y[(int64_t)t * w->rows + r] = s + out_bias(bias, r);
         }
     }
+}
+
+/* Q4_0 / Q5_0 weights x block-major Q8_0 activations. Tokens go in tiles of 8 so that a block's weights are
+ * unpacked once per tile; each (row, token) still adds its blocks in order with the Q8_0 kernel's f32 step,
+ * so the tiling does not change any result. */
+static void mm_legacy_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                             int64_t r1) {
+    enum { TILE = 8 };
+    const int64_t nb = w->cols / FM_QK8_0;
+    const size_t row_bytes = fm_dtype_row_bytes(w->dtype, w->cols);
+    const int five = w->dtype == FM_DTYPE_Q5_0;
+    for (int64_t r = r0; r < r1; r++) {
+        const char *wr = (const char *)w->data + (size_t)r * row_bytes;
+        for (int t0 = 0; t0 < a->T; t0 += TILE) {
+            const int nt = a->T - t0 < TILE ? a->T - t0 : TILE;
+            float s[TILE] = {0};
+            for (int64_t b = 0; b < nb; b++) {
+                int8_t q[FM_QK8_0];
+                float dw;
+                if (five) {
+                    const fm_block_q5_0 *wb = (const fm_block_q5_0 *)wr + b;
+                    fm_legacy_unpack_q5_0(wb, q);
+                    dw = fm_f16_to_f32(wb->d);
+                } else {
+                    const fm_block_q4_0 *wb = (const fm_block_q4_0 *)wr + b;
+                    fm_legacy_unpack_q4_0(wb, q);
+                    dw = fm_f16_to_f32(wb->d);
+                }
+                for (int i = 0; i < nt; i++) {
+                    const fm_block_q8_0 *xb = a->xq + b * a->T + t0 + i;
+                    int32_t isum = 0;
+                    for (int j = 0; j < FM_QK8_0; j++) isum += (int32_t)q[j] * (int32_t)xb->qs[j];
+                    s[i] += (float)isum * (dw * fm_f16_to_f32(xb->d));
+                }
+            }
+            for (int i = 0; i < nt; i++) y[(int64_t)(t0 + i) * w->rows + r] = s[i] + out_bias(bias, r);
+        }
+    }
+}
+
+void fm_mm_q4_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls) {
+    (void)tls;
+    mm_legacy_scalar(w, a, y, bias, r0, r1);
+}
+
+void fm_mm_q5_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls) {
+    (void)tls;
+    mm_legacy_scalar(w, a, y, bias, r0, r1);
 }
 
 /* ggml's quantize_row_q8_0_ref, formula for formula. */

@@ -30,10 +30,10 @@ static int bind_matrix(const gguf_file *f, const char *name, int64_t rows, int64
                             gguf_path(f), name, (long long)cols, (long long)rows, (long long)t->ne[0],
                             t->n_dims > 1 ? (long long)t->ne[1] : 1LL, t->n_dims);
     if (!t->supported)
-        return fm_set_error(
-            err, errlen,
-            "%s: tensor %s: weight type %u is not supported (f32, f16, bf16, q8_0, q4_k, q5_k, q6_k)",
-            gguf_path(f), name, t->ggml_type);
+        return fm_set_error(err, errlen,
+                            "%s: tensor %s: weight type %u is not supported (f32, f16, bf16, q8_0, q4_k, "
+                            "q5_k, q6_k, q4_0, q5_0)",
+                            gguf_path(f), name, t->ggml_type);
     m->dtype = t->dtype;
     m->rows = rows;
     m->cols = cols;
