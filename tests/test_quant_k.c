@@ -1,8 +1,10 @@
 /* test_quant_k.c: the K-quant bytes flashmap writes, and the K-quant format as a whole, decode through our
- * fm_dequant_row_k to the same float32 values as through the gguf Python package (llama.cpp's gguf-py:
- * gguf.quants.dequantize, code nobody here wrote), from tests/fixtures/quant_k/gguf_py_dequant.json
- * (written by tests/fixtures/make_quant_k_fixture.py; its docstring says what it holds).
- *   1. models: `$FM_CLI synth target <synth_args>` writes the fixture's small Q4_K_M / Q5_K_M models again;
+ * fm_dequant_row_k (Q4_0 / Q5_0: fm_dequant_row_legacy) to the same float32 values as through the gguf Python
+ * package (llama.cpp's gguf-py: gguf.quants.dequantize, code nobody here wrote), from
+ * tests/fixtures/quant_k/gguf_py_dequant.json (written by tests/fixtures/make_quant_k_fixture.py; its
+ * docstring says what it holds).
+ *   1. models: `$FM_CLI synth target <synth_args>` writes the fixture's small Q4_K_M / Q5_K_M (and Q4_0 /
+ *      Q5_0) models again;
  *      the file's sha256 must be the fixture's (else the synthesizer changed: regenerate the fixture), each
  *      K-quant tensor's bytes must hash as the fixture's, and their decoding must hash as gguf-py's;
  *   2. random_blocks: blocks of random bytes (all scale and sign patterns) decode to gguf-py's floats.
@@ -17,6 +19,7 @@
 
 #include "core/error.h"
 #include "cpu/quant_k.h"
+#include "cpu/quant_legacy.h"
 #include "io/gguf.h"
 #include "test_util.h"
 
@@ -67,7 +70,15 @@ static int compare_floats(const char *what, const float *w, int64_t n, const cha
 }
 
 static int parse_type(const char *name, fm_dtype *t) {
-    return fm_dtype_parse(name, t) == 0 && fm_dtype_is_k_quant(*t) ? 0 : -1;
+    return fm_dtype_parse(name, t) == 0 && (fm_dtype_is_k_quant(*t) || fm_dtype_is_legacy_quant(*t)) ? 0 : -1;
+}
+
+/* n weights of type t (a K-quant, Q4_0 or Q5_0) from their blocks. */
+static void dequant(fm_dtype t, const void *blocks, float *out, int64_t n) {
+    if (fm_dtype_is_legacy_quant(t))
+        fm_dequant_row_legacy(t, blocks, out, n);
+    else
+        fm_dequant_row_k(t, blocks, out, n);
 }
 
 static void check_model(const cJSON *m, const char *cli) {
@@ -111,14 +122,16 @@ static void check_model(const cJSON *m, const char *cli) {
         if (!w) continue;
         const size_t rb = fm_dtype_row_bytes(t->dtype, t->ne[0]);
         for (int64_t r = 0; r < t->ne[1]; r++)
-            fm_dequant_row_k(t->dtype, (const uint8_t *)t->data + (size_t)r * rb, w + r * t->ne[0], t->ne[0]);
+            dequant(t->dtype, (const uint8_t *)t->data + (size_t)r * rb, w + r * t->ne[0], t->ne[0]);
         if (compare_floats(what, w, count, str(ft, "floats_sha256"), get(ft, "sample_index"),
                            get(ft, "sample_value")))
             n_ok++, by_type[t->dtype]++;
         free(w);
     }
-    printf("%s: %d/%d K-quant tensors decode to gguf-py's floats (q4_k %d, q5_k %d, q6_k %d)\n", name, n_ok,
-           n_t, by_type[FM_DTYPE_Q4_K], by_type[FM_DTYPE_Q5_K], by_type[FM_DTYPE_Q6_K]);
+    printf("%s: %d/%d quantised tensors decode to gguf-py's floats (q4_k %d, q5_k %d, q6_k %d, q4_0 %d, q5_0 "
+           "%d)\n",
+           name, n_ok, n_t, by_type[FM_DTYPE_Q4_K], by_type[FM_DTYPE_Q5_K], by_type[FM_DTYPE_Q6_K],
+           by_type[FM_DTYPE_Q4_0], by_type[FM_DTYPE_Q5_0]);
     CHECK(n_t > 10);
     gguf_close(f);
     remove(path);
@@ -139,14 +152,15 @@ static void check_random_blocks(const cJSON *rb) {
               bytes);
     if (strlen(hx) != 2 * bytes) return;
     uint8_t *blk = malloc(bytes);
-    float *w = malloc((size_t)nb * FM_QK_K * sizeof *w);
+    const int64_t n = (int64_t)nb * fm_dtype_block_elems(t);
+    float *w = malloc((size_t)n * sizeof *w);
     if (blk && w) {
         for (size_t i = 0; i < bytes; i++)
             blk[i] = (uint8_t)(hex_nibble(hx[2 * i]) << 4 | hex_nibble(hx[2 * i + 1]));
-        fm_dequant_row_k(t, blk, w, (int64_t)nb * FM_QK_K);
+        dequant(t, blk, w, n);
         char what[64];
         snprintf(what, sizeof what, "random %s blocks", type);
-        if (compare_floats(what, w, (int64_t)nb * FM_QK_K, str(rb, "floats_sha256"), NULL, get(rb, "first")))
+        if (compare_floats(what, w, n, str(rb, "floats_sha256"), NULL, get(rb, "first")))
             printf("%s: %d blocks decode to gguf-py's floats\n", what, nb);
     }
     free(blk);
@@ -165,10 +179,10 @@ int main(void) {
     const cJSON *e;
     int n_random = 0, n_models = 0;
     cJSON_ArrayForEach(e, get(doc, "random_blocks")) check_random_blocks(e), n_random++;
-    CHECK(n_random == 3);
+    CHECK(n_random == 5); /* q4_k, q5_k, q6_k, q4_0, q5_0 */
     CHECK_MSG(cli != NULL, "FM_CLI is not set (ctest sets it to the flashmap CLI)");
     if (cli) cJSON_ArrayForEach(e, get(doc, "models")) check_model(e, cli), n_models++;
-    CHECK(n_models >= 2);
+    CHECK(n_models >= 4);
     cJSON_Delete(doc);
     free(text);
     return fm_test_report("test_quant_k");

@@ -37,11 +37,12 @@ static void usage(FILE *f) {
         "  --ffn N            feed-forward width\n"
         "  --vocab N          token table rows (default: the tokenizer's size rounded up as Qwen does,\n"
         "                     151936 for the Qwen3 tokenizer)\n"
-        "  --type T           the matrices' type (norms stay f32): f32, f16, bf16, q8_0, q4_k, q5_k or\n"
-        "                     q6_k for every matrix, or llama.cpp's mixes q4_k_m / q5_k_m (Q4_K / Q5_K,\n"
-        "                     with Q6_K for the lm_head and for attn_v and ffn_down in the first and last\n"
-        "                     eighth of the layers and every third one between). The K types need dim,\n"
-        "                     heads * head-dim and ffn to be multiples of 256 (--preset qwen3-4b is)\n"
+        "  --type T           the matrices' type (norms stay f32): f32, f16, bf16, q8_0, q4_0, q5_0,\n"
+        "                     q4_k, q5_k or q6_k for every matrix, or llama.cpp's mixes q4_k_m / q5_k_m\n"
+        "                     (Q4_K / Q5_K, with Q6_K for the lm_head and for attn_v and ffn_down in the\n"
+        "                     first and last eighth of the layers and every third one between). The K\n"
+        "                     types need dim, heads * head-dim and ffn to be multiples of 256 (--preset\n"
+        "                     qwen3-4b is), q8_0 / q4_0 / q5_0 multiples of 32\n"
         "  --tied, --untied   share the token table as the output head, or write output.weight\n"
         "  --seed N           weights are a pure function of the seed (default 1234)\n"
         "  --ctx N            qwen3.context_length\n"
@@ -126,11 +127,11 @@ static int cmd_synth_target(int argc, char **argv) {
             p.tokenizer_json = v;
         else if (!strcmp(a, "--type")) {
             if (qwen3_synth_parse_type(v, &p)) {
-                fprintf(
-                    stderr,
-                    "flashmap synth target: --type expects f32, f16, bf16, q8_0, q4_k, q5_k, q6_k, q4_k_m "
-                    "or q5_k_m, got '%s'\n",
-                    v);
+                fprintf(stderr,
+                        "flashmap synth target: --type expects f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q5_k, "
+                        "q6_k, "
+                        "q4_k_m or q5_k_m, got '%s'\n",
+                        v);
                 return 2;
             }
         } else if (!strcmp(a, "--seed")) {

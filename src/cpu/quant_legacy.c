@@ -53,7 +53,10 @@ void fm_quant_legacy_rtn(fm_dtype t, const float *x, void *y, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++, x += 32) {
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const uint16_t dh = fm_f32_to_f16(amax / (float)hi);
+        uint16_t dh = fm_f32_to_f16(amax / (float)hi);
+        /* Among f16 subnormals (tiny blocks) the rounding can lose so much that the largest weight falls
+         * outside the last step (amax > (hi + 1/2) d); the next f16 up is then the scale. */
+        if (fm_f16_to_f32(dh) * ((float)hi + 0.5f) < amax) dh++;
         const float d = fm_f16_to_f32(dh), inv = d > 0.0f ? 1.0f / d : 0.0f;
         uint8_t u[32];
         for (int j = 0; j < 32; j++) {

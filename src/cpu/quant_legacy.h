@@ -23,10 +23,11 @@ void fm_legacy_unpack_q5_0(const fm_block_q5_0 *w, int8_t q[32]);
 int32_t fm_legacy_isum(fm_dtype t, const void *w, const fm_block_q8_0 *x, float *dw);
 
 /* Round-to-nearest quantiser of n weights (a multiple of 32) into blocks of type t (synth models): per
- * block d = max|x| / 7 (Q4_0) or / 15 (Q5_0), rounded to f16, and q = nearest(x / d) (ties away from 0)
- * clamped to -8..7 (-16..15). The largest weight then sits at +-7 (+-15) steps, inside the range on both
- * sides, so every weight is within half a step (plus the f16 rounding of d) of its value; ggml's reference
- * instead maps the signed extreme to -8 (-16), which gains a step on one side only. */
+ * block d = max|x| / 7 (Q4_0) or / 15 (Q5_0), rounded to f16 (to the next f16 up where a subnormal's
+ * rounding would leave the largest weight more than half a step outside), and q = nearest(x / d) (ties away
+ * from 0) clamped to -8..7 (-16..15). The largest weight then sits at +-7 (+-15) steps, inside the range on
+ * both sides, so every weight is within half a step (plus the f16 rounding of d) of its value; ggml's
+ * reference instead maps the signed extreme to -8 (-16), which gains a step on one side only. */
 void fm_quant_legacy_rtn(fm_dtype t, const float *x, void *y, int64_t n);
 
 #endif

@@ -35,6 +35,7 @@
 
 #include "core/error.h"
 #include "core/threadpool.h"
+#include "cpu/quant_legacy.h"
 #include "io/gguf.h"
 #include "tokenizer/tokenizer_meta.h"
 
@@ -82,7 +83,8 @@ int qwen3_synth_default_vocab(int n_tokens) {
  *     and last eighth and every third one between;
  *   - every other matrix is the base type (Q4_K or Q5_K); norms stay f32.
  * (llama.cpp falls back to other types for rows that are not a multiple of 256; we refuse such shapes.)
- * The pure K types are what `llama-quantize --pure` writes: every matrix in that type. */
+ * The pure K types, and q4_0 / q5_0, are what `llama-quantize --pure` writes: every matrix in that type
+ * (Q4_0 / Q5_0 by round to nearest per block of 32, fm_quant_legacy_rtn in cpu/quant_legacy.h). */
 
 static const struct {
     const char *name;
@@ -97,6 +99,8 @@ static const struct {
     {"q6_k", FM_DTYPE_Q6_K, QWEN3_SYNTH_PURE, 18},  /* MOSTLY_Q6_K (llama-quantize Q6_K: all Q6_K) */
     {"q4_k_m", FM_DTYPE_Q4_K, QWEN3_SYNTH_K_M, 15}, /* MOSTLY_Q4_K_M */
     {"q5_k_m", FM_DTYPE_Q5_K, QWEN3_SYNTH_K_M, 17}, /* MOSTLY_Q5_K_M */
+    {"q4_0", FM_DTYPE_Q4_0, QWEN3_SYNTH_PURE, 2},   /* MOSTLY_Q4_0, as llama-quantize --pure Q4_0 */
+    {"q5_0", FM_DTYPE_Q5_0, QWEN3_SYNTH_PURE, 8},   /* MOSTLY_Q5_0, as llama-quantize --pure Q5_0 */
 };
 #define N_SYNTH_TYPES (int)(sizeof synth_types / sizeof synth_types[0])
 
@@ -470,6 +474,10 @@ static void fill_rows(void *ctx, int64_t begin, int64_t end, int thread) {
         case FM_DTYPE_Q5_K:
         case FM_DTYPE_Q6_K:
             qwen3_synth_quantize_k(t->dtype, row, dst, t->cols);
+            break;
+        case FM_DTYPE_Q4_0:
+        case FM_DTYPE_Q5_0:
+            fm_quant_legacy_rtn(t->dtype, row, dst, t->cols);
             break;
         default:
             break;

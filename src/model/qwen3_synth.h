@@ -61,8 +61,8 @@ int qwen3_synth_default_vocab(int n_tokens);
 /* Writes the model to path (temporary file + rename). p->vocab == 0 picks the default vocab. */
 int qwen3_synth_write(const qwen3_synth_params *p, const char *path, char *err, size_t errlen);
 
-/* --type names: f32, f16, bf16, q8_0, q4_k, q5_k, q6_k (every matrix of that type), q4_k_m, q5_k_m
- * (llama.cpp's mixes), case-insensitive. Sets p->wtype and p->mix; -1 when unknown (p unchanged). */
+/* --type names: f32, f16, bf16, q8_0, q4_k, q5_k, q6_k, q4_0, q5_0 (every matrix of that type), q4_k_m,
+ * q5_k_m (llama.cpp's mixes), case-insensitive. Sets p->wtype and p->mix; -1 when unknown (p unchanged). */
 int qwen3_synth_parse_type(const char *name, qwen3_synth_params *p);
 /* The --type name of p's weights ("q4_k_m", "q8_0", ...). */
 const char *qwen3_synth_type_name(const qwen3_synth_params *p);
@@ -71,7 +71,8 @@ const char *qwen3_synth_type_name(const qwen3_synth_params *p);
  * layers. */
 fm_dtype qwen3_synth_tensor_dtype(const qwen3_synth_params *p, const char *tensor);
 /* general.file_type: llama.cpp's llama_ftype for p's weights (ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7,
- * MOSTLY_Q4_K_S 14, MOSTLY_Q4_K_M 15, MOSTLY_Q5_K_S 16, MOSTLY_Q5_K_M 17, MOSTLY_Q6_K 18, MOSTLY_BF16 32). */
+ * MOSTLY_Q4_K_S 14, MOSTLY_Q4_K_M 15, MOSTLY_Q5_K_S 16, MOSTLY_Q5_K_M 17, MOSTLY_Q6_K 18, MOSTLY_BF16 32,
+ * MOSTLY_Q4_0 2, MOSTLY_Q5_0 8). */
 uint32_t qwen3_synth_file_type(const qwen3_synth_params *p);
 
 /* The generator, exposed for tests: element i of the named tensor as the f32 value before any rounding to the
