@@ -635,6 +635,8 @@ int main(void) {
         test_batch_independence((fm_dtype)dt, 67, 1056, pool);
         test_batch_independence((fm_dtype)dt, 21, 9728, pool);
         test_batch_independence((fm_dtype)dt, 9, 64, pool);
+        test_k_exact((fm_dtype)dt, 45, 1280, pool); /* the AVX2 kernel gives the scalar bits too */
+        test_k_exact((fm_dtype)dt, 7, 32, pool);
     }
     test_multi(pool);
     for (size_t s = 0; s < sizeof bi_shapes / sizeof *bi_shapes; s++)

@@ -95,6 +95,11 @@ void fm_mm_q5_K_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const flo
                      int64_t r1, void *tls);
 void fm_mm_q6_K_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                      int64_t r1, void *tls);
+/* Q4_0 / Q5_0 x block-major Q8_0 activations (matmul_legacy_avx2.c); bit-identical to the scalar kernels. */
+void fm_mm_q4_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                     int64_t r1, void *tls);
+void fm_mm_q5_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                     int64_t r1, void *tls);
 /* fm_quant_q8_K_ref (cpu/quant_k.h), the same bytes for every input, NaN and infinities included. */
 void fm_quant_q8_K_avx2(const float *x, fm_block_q8_K *y, int64_t n);
 void fm_quant_q8_0_avx2(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
