@@ -9,7 +9,7 @@ How to run (about a minute on 2 cores; needs numpy, gguf, torch, transformers, l
 It rewrites tests/fixtures/target/cases.json (a few hundred KB). The output is deterministic: fixed synth seeds,
 fixed prompt seeds, single-threaded-equivalent references (llama.cpp on 1 thread, torch on 1 thread).
 
-The K-quant cases (LLAMA_ONLY_CASES: Q4_K_M, Q5_K_M, Q4_K, Q5_K, Q6_K) are compared with llama.cpp only, and
+The K-quant and legacy cases (LLAMA_ONLY_CASES: Q4_K_M, Q5_K_M, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0) are compared with llama.cpp only, and
 carry no "hf" part (tests/test_target_reference.c accepts cases without one). The reason is practical: on the
 machines that made them torch could not be installed (PyPI's torch wheel is the CUDA build, several GB with
 its nvidia-* dependencies; the CPU wheels live outside PyPI), and llama.cpp is the reference that matters for
@@ -94,6 +94,11 @@ LLAMA_ONLY_CASES = [
     ("q4_k_m_g2_hd64_untied_p1",    "q4_k_m", 8, 256, 4,  2,  64, 512, None, 0,  1,   58),
     ("q5_k_m_g4_hd128_tied_p1",     "q5_k_m", 8, 512, 4,  1, 128, 768, None, 1,  1,   59),
     ("q6_k_g1_hd128_untied_p1",     "q6_k",   2, 256, 2,  2, 128, 256, None, 0,  1,   60),
+    # the legacy 32-weight types (llama.cpp multiplies them by Q8_0 activations, as we do)
+    ("q4_0_g2_hd64_untied_p7",      "q4_0",   2, 128, 4,  2,  64, 384, None, 0,  7,   61),
+    ("q5_0_g1_hd128_tied_p64",      "q5_0",   3, 256, 2,  2, 128, 512, 700,  1,  64,  62),
+    ("q4_0_g4_hd64_tied_p300",      "q4_0",   2, 256, 4,  1,  64, 512, None, 1,  300, 63),
+    ("q5_0_g2_hd128_untied_p1",     "q5_0",   2, 128, 2,  1, 128, 256, None, 0,  1,   64),
 ]
 LLAMA_ONLY = {c[0] for c in LLAMA_ONLY_CASES}
 ALL_CASES = CASES + LLAMA_ONLY_CASES

@@ -23,8 +23,9 @@ static const char *const SHAPE_SMALL = "--dim 64 --heads 4 --head-dim 16 --ffn 1
                          *const SHAPE_K = "--dim 256 --heads 4 --head-dim 64 --ffn 256";
 
 static const model_spec MODELS[] = {
-    {"f32", "--tied", 2, 11},   {"q8_0", "--tied", 1, 12},   {"bf16", "--untied", 4, 13},
-    {"f16", "--untied", 2, 14}, {"q4_k_m", "--tied", 2, 15}, {"q6_k", "--untied", 1, 16},
+    {"f32", "--tied", 2, 11},    {"q8_0", "--tied", 1, 12},   {"bf16", "--untied", 4, 13},
+    {"f16", "--untied", 2, 14},  {"q4_k_m", "--tied", 2, 15}, {"q6_k", "--untied", 1, 16},
+    {"q5_0", "--untied", 2, 17},
 };
 enum { N_MODELS = sizeof MODELS / sizeof MODELS[0], N_CASES_PER_MODEL = 60 };
 

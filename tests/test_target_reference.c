@@ -69,7 +69,8 @@ typedef struct {
 } tolerance;
 
 static tolerance tolerance_for(const char *type) {
-    if (!strncmp(type, "q4_k", 4) || !strncmp(type, "q5_k", 4) || !strcmp(type, "q6_k"))
+    if (!strncmp(type, "q4_k", 4) || !strncmp(type, "q5_k", 4) || !strcmp(type, "q6_k") ||
+        !strcmp(type, "q4_0") || !strcmp(type, "q5_0"))
         return (tolerance){0, 6e-2, 0, 0}; /* llama.cpp only: no HF part in these cases */
     if (!strcmp(type, "q8_0")) return (tolerance){6e-2, 4e-2, 6e-2, 0};
     if (!strcmp(type, "bf16")) return (tolerance){3e-3, 1.5e-2, 3e-3, 0};
