@@ -223,71 +223,51 @@ static void mm_task(void *ctx, int64_t begin, int64_t end, int thread) {
     }
 }
 
-/* Serial fallback when the workspace cannot be had: the scalar kernels on blocks quantised one at a time
- * would need storage too, so quantise into a stack block per (token, block) and use the scalar formula. */
-static void matmul_q8_0_nomem(const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
-    const int64_t nb = w->cols / FM_QK8_0;
-    for (int64_t r = 0; r < w->rows; r++) {
-        const fm_block_q8_0 *wr = (const fm_block_q8_0 *)w->data + r * nb;
-        for (int t = 0; t < T; t++) {
-            float s = 0;
-            for (int64_t b = 0; b < nb; b++) {
-                fm_block_q8_0 xb;
-                fm_quant_q8_0_scalar(x + (int64_t)t * w->cols + b * FM_QK8_0, &xb, NULL, FM_QK8_0, 1);
-                int32_t isum = 0;
-                for (int k = 0; k < FM_QK8_0; k++) isum += (int32_t)wr[b].qs[k] * xb.qs[k];
-                s += (float)isum * (fm_f16_to_f32(wr[b].d) * fm_f16_to_f32(xb.d));
-            }
-            y[(int64_t)t * w->rows + r] = s + (bias ? bias[r] : 0.0f);
+/* One block's term of a row's dot product in the fallback below: x (one block of activations) quantised as
+ * the kernels quantise it, then the scalar kernel's formula for the weight type. */
+static float nomem_block_term(fm_dtype dt, const void *wb, const float *x) {
+    if (fm_dtype_is_k_quant(dt)) {
+        fm_block_q8_K xb;
+        fm_quant_q8_K_ref(x, &xb, FM_QK_K);
+        if (dt == FM_DTYPE_Q6_K) {
+            const fm_block_q6_K *q = wb;
+            return fm_k_block_value(fm_f16_to_f32(q->d), 0.0f, xb.d, fm_k_sums_q6_K(q, &xb));
         }
+        if (dt == FM_DTYPE_Q5_K) {
+            const fm_block_q5_K *q = wb;
+            return fm_k_block_value(fm_f16_to_f32(q->d), fm_f16_to_f32(q->dmin), xb.d,
+                                    fm_k_sums_q5_K(q, &xb));
+        }
+        const fm_block_q4_K *q = wb;
+        return fm_k_block_value(fm_f16_to_f32(q->d), fm_f16_to_f32(q->dmin), xb.d, fm_k_sums_q4_K(q, &xb));
     }
+    fm_block_q8_0 xb;
+    fm_quant_q8_0_scalar(x, &xb, NULL, FM_QK8_0, 1);
+    float dw;
+    int32_t isum = 0;
+    if (dt == FM_DTYPE_Q8_0) {
+        const fm_block_q8_0 *q = wb;
+        for (int k = 0; k < FM_QK8_0; k++) isum += (int32_t)q->qs[k] * xb.qs[k];
+        dw = fm_f16_to_f32(q->d);
+    } else {
+        isum = fm_legacy_isum(dt, wb, &xb, &dw);
+    }
+    return (float)isum * (dw * fm_f16_to_f32(xb.d));
 }
 
-/* The same fallback for Q4_0 / Q5_0. */
-static void matmul_legacy_nomem(const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
-    const int64_t nb = w->cols / FM_QK8_0;
+/* Serial fallback for the block types when the workspace cannot be had: the scalar kernels on blocks
+ * quantised one at a time would need storage too, so quantise into a stack block per (token, block) and use
+ * the scalar formula. */
+static void matmul_blocks_nomem(const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
+    const int be = fm_dtype_block_elems(w->dtype);
+    const int64_t nb = w->cols / be;
     const size_t bb = (size_t)fm_dtype_block_bytes(w->dtype);
     for (int64_t r = 0; r < w->rows; r++) {
         const char *wr = (const char *)w->data + (size_t)r * (size_t)nb * bb;
         for (int t = 0; t < T; t++) {
             float s = 0;
-            for (int64_t b = 0; b < nb; b++) {
-                fm_block_q8_0 xb;
-                fm_quant_q8_0_scalar(x + (int64_t)t * w->cols + b * FM_QK8_0, &xb, NULL, FM_QK8_0, 1);
-                float dw;
-                const int32_t isum = fm_legacy_isum(w->dtype, wr + (size_t)b * bb, &xb, &dw);
-                s += (float)isum * (dw * fm_f16_to_f32(xb.d));
-            }
-            y[(int64_t)t * w->rows + r] = s + (bias ? bias[r] : 0.0f);
-        }
-    }
-}
-
-/* The same fallback for the K-quants: one Q8_K block on the stack at a time. */
-static void matmul_k_nomem(const fm_matrix *w, const float *x, int T, float *y, const float *bias) {
-    const int64_t nb = w->cols / FM_QK_K;
-    const size_t bb = (size_t)fm_dtype_block_bytes(w->dtype);
-    for (int64_t r = 0; r < w->rows; r++) {
-        const char *wr = (const char *)w->data + (size_t)r * (size_t)nb * bb;
-        for (int t = 0; t < T; t++) {
-            float s = 0;
-            for (int64_t b = 0; b < nb; b++) {
-                fm_block_q8_K xb;
-                fm_quant_q8_K_ref(x + (int64_t)t * w->cols + b * FM_QK_K, &xb, FM_QK_K);
-                const void *wb = wr + (size_t)b * bb;
-                if (w->dtype == FM_DTYPE_Q6_K) {
-                    const fm_block_q6_K *q = wb;
-                    s += fm_k_block_value(fm_f16_to_f32(q->d), 0.0f, xb.d, fm_k_sums_q6_K(q, &xb));
-                } else if (w->dtype == FM_DTYPE_Q5_K) {
-                    const fm_block_q5_K *q = wb;
-                    s += fm_k_block_value(fm_f16_to_f32(q->d), fm_f16_to_f32(q->dmin), xb.d,
-                                          fm_k_sums_q5_K(q, &xb));
-                } else {
-                    const fm_block_q4_K *q = wb;
-                    s += fm_k_block_value(fm_f16_to_f32(q->d), fm_f16_to_f32(q->dmin), xb.d,
-                                          fm_k_sums_q4_K(q, &xb));
-                }
-            }
+            for (int64_t b = 0; b < nb; b++)
+                s += nomem_block_term(w->dtype, wr + (size_t)b * bb, x + (int64_t)t * w->cols + b * be);
             y[(int64_t)t * w->rows + r] = s + (bias ? bias[r] : 0.0f);
         }
     }
@@ -314,7 +294,7 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *c
         tls_stride = align64(q8->tls_bytes(T, cols));
         char *ws_buf = scratch_get(abytes + (size_t)workers * tls_stride);
         if (!ws_buf) {
-            for (int i = 0; i < n; i++) matmul_q8_0_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
+            for (int i = 0; i < n; i++) matmul_blocks_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
             return;
         }
         q8->act_prep(x, T, cols, ws_buf, &act);
@@ -324,9 +304,7 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *c
         const int64_t nb = cols / FM_QK8_0;
         fm_block_q8_0 *xq = scratch_get((size_t)T * (size_t)nb * sizeof(fm_block_q8_0)); /* [nb][T] */
         if (!xq) {
-            for (int i = 0; i < n; i++)
-                (dt == FM_DTYPE_Q8_0 ? matmul_q8_0_nomem : matmul_legacy_nomem)(ws[i], x, T, ys[i],
-                                                                                biases ? biases[i] : NULL);
+            for (int i = 0; i < n; i++) matmul_blocks_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
             return;
         }
         for (int t = 0; t < T; t++) tab->quant(x + (int64_t)t * cols, xq + t, NULL, cols, T);
@@ -335,7 +313,7 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *c
         const int64_t nb = cols / FM_QK_K;
         fm_block_q8_K *xk = scratch_get((size_t)T * (size_t)nb * sizeof(fm_block_q8_K)); /* [T][nb] */
         if (!xk) {
-            for (int i = 0; i < n; i++) matmul_k_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
+            for (int i = 0; i < n; i++) matmul_blocks_nomem(ws[i], x, T, ys[i], biases ? biases[i] : NULL);
             return;
         }
         tab->quant_k(x, xk, (int64_t)T * cols);
