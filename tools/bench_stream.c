@@ -12,7 +12,7 @@
 #include "bench_util.h"
 
 enum {
-    STREAM_ALIGN = 2 << 20, /* 2 MiB: huge pages, as the engine keeps its weights (4 KiB pages read slower) */
+    STREAM_ALIGN = 2 << 20, /* 2 MiB: huge pages, as the engine keeps its weights */
     STREAM_CHUNK = 1 << 16 /* bytes per pool item: 64 KiB */,
     STREAM_MAX_WORKERS = 512
 };

@@ -229,17 +229,7 @@ static float nomem_block_term(fm_dtype dt, const void *wb, const float *x) {
     if (fm_dtype_is_k_quant(dt)) {
         fm_block_q8_K xb;
         fm_quant_q8_K_ref(x, &xb, FM_QK_K);
-        if (dt == FM_DTYPE_Q6_K) {
-            const fm_block_q6_K *q = wb;
-            return fm_k_block_value(fm_f16_to_f32(q->d), 0.0f, xb.d, fm_k_sums_q6_K(q, &xb));
-        }
-        if (dt == FM_DTYPE_Q5_K) {
-            const fm_block_q5_K *q = wb;
-            return fm_k_block_value(fm_f16_to_f32(q->d), fm_f16_to_f32(q->dmin), xb.d,
-                                    fm_k_sums_q5_K(q, &xb));
-        }
-        const fm_block_q4_K *q = wb;
-        return fm_k_block_value(fm_f16_to_f32(q->d), fm_f16_to_f32(q->dmin), xb.d, fm_k_sums_q4_K(q, &xb));
+        return fm_k_block_dot(dt, wb, &xb);
     }
     fm_block_q8_0 xb;
     fm_quant_q8_0_scalar(x, &xb, NULL, FM_QK8_0, 1);

@@ -85,8 +85,8 @@ static void mm_legacy_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, c
                              int64_t r1) {
     enum { TILE = 8 };
     const int64_t nb = w->cols / FM_QK8_0;
-    const size_t row_bytes = fm_dtype_row_bytes(w->dtype, w->cols);
-    const int five = w->dtype == FM_DTYPE_Q5_0;
+    const size_t row_bytes = fm_dtype_row_bytes(w->dtype, w->cols),
+                 bb = (size_t)fm_dtype_block_bytes(w->dtype);
     for (int64_t r = r0; r < r1; r++) {
         const char *wr = (const char *)w->data + (size_t)r * row_bytes;
         for (int t0 = 0; t0 < a->T; t0 += TILE) {
@@ -94,16 +94,7 @@ static void mm_legacy_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, c
             float s[TILE] = {0};
             for (int64_t b = 0; b < nb; b++) {
                 int8_t q[FM_QK8_0];
-                float dw;
-                if (five) {
-                    const fm_block_q5_0 *wb = (const fm_block_q5_0 *)wr + b;
-                    fm_legacy_unpack_q5_0(wb, q);
-                    dw = fm_f16_to_f32(wb->d);
-                } else {
-                    const fm_block_q4_0 *wb = (const fm_block_q4_0 *)wr + b;
-                    fm_legacy_unpack_q4_0(wb, q);
-                    dw = fm_f16_to_f32(wb->d);
-                }
+                const float dw = fm_legacy_unpack(w->dtype, wr + (size_t)b * bb, q);
                 for (int i = 0; i < nt; i++) {
                     const fm_block_q8_0 *xb = a->xq + b * a->T + t0 + i;
                     int32_t isum = 0;
@@ -147,25 +138,36 @@ void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n,
     }
 }
 
-/* The K-quant kernels: one function per type, the block sums from quant_k.c. */
-#define FM_MM_K_SCALAR(name, block_t, sums_fn, has_min)                                                      \
-    void name(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0, int64_t r1,   \
-              void *tls) {                                                                                   \
-        (void)tls;                                                                                           \
-        const int64_t nb = w->cols / FM_QK_K;                                                                \
-        for (int64_t r = r0; r < r1; r++) {                                                                  \
-            const block_t *wr = (const block_t *)w->data + r * nb;                                           \
-            for (int t = 0; t < a->T; t++) {                                                                 \
-                const fm_block_q8_K *xt = a->xk + (int64_t)t * nb;                                           \
-                float s = 0;                                                                                 \
-                for (int64_t b = 0; b < nb; b++)                                                             \
-                    s +=                                                                                     \
-                        fm_k_block_value(fm_f16_to_f32(wr[b].d), has_min, xt[b].d, sums_fn(&wr[b], &xt[b])); \
-                y[(int64_t)t * w->rows + r] = s + out_bias(bias, r);                                         \
-            }                                                                                                \
-        }                                                                                                    \
+/* The K-quant kernels: one per type, each super-block's term from quant_k.c (fm_k_block_dot). */
+static void mm_k_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                        int64_t r1) {
+    const int64_t nb = w->cols / FM_QK_K;
+    const size_t bb = (size_t)fm_dtype_block_bytes(w->dtype);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *wr = (const char *)w->data + (size_t)r * (size_t)nb * bb;
+        for (int t = 0; t < a->T; t++) {
+            const fm_block_q8_K *xt = a->xk + (int64_t)t * nb;
+            float s = 0;
+            for (int64_t b = 0; b < nb; b++) s += fm_k_block_dot(w->dtype, wr + (size_t)b * bb, &xt[b]);
+            y[(int64_t)t * w->rows + r] = s + out_bias(bias, r);
+        }
     }
+}
 
-FM_MM_K_SCALAR(fm_mm_q4_K_scalar, fm_block_q4_K, fm_k_sums_q4_K, fm_f16_to_f32(wr[b].dmin))
-FM_MM_K_SCALAR(fm_mm_q5_K_scalar, fm_block_q5_K, fm_k_sums_q5_K, fm_f16_to_f32(wr[b].dmin))
-FM_MM_K_SCALAR(fm_mm_q6_K_scalar, fm_block_q6_K, fm_k_sums_q6_K, 0.0f)
+void fm_mm_q4_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls) {
+    (void)tls;
+    mm_k_scalar(w, a, y, bias, r0, r1);
+}
+
+void fm_mm_q5_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls) {
+    (void)tls;
+    mm_k_scalar(w, a, y, bias, r0, r1);
+}
+
+void fm_mm_q6_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls) {
+    (void)tls;
+    mm_k_scalar(w, a, y, bias, r0, r1);
+}

@@ -141,3 +141,16 @@ fm_k_sums fm_k_sums_q6_K(const fm_block_q6_K *w, const fm_block_q8_K *x) {
     }
     return s;
 }
+
+float fm_k_block_dot(fm_dtype t, const void *w, const fm_block_q8_K *x) {
+    if (t == FM_DTYPE_Q6_K) {
+        const fm_block_q6_K *q = w;
+        return fm_k_block_value(fm_f16_to_f32(q->d), 0.0f, x->d, fm_k_sums_q6_K(q, x));
+    }
+    if (t == FM_DTYPE_Q5_K) {
+        const fm_block_q5_K *q = w;
+        return fm_k_block_value(fm_f16_to_f32(q->d), fm_f16_to_f32(q->dmin), x->d, fm_k_sums_q5_K(q, x));
+    }
+    const fm_block_q4_K *q = w;
+    return fm_k_block_value(fm_f16_to_f32(q->d), fm_f16_to_f32(q->dmin), x->d, fm_k_sums_q4_K(q, x));
+}

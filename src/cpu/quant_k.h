@@ -36,4 +36,8 @@ static inline float fm_k_block_value(float dw, float dminw, float dx, fm_k_sums 
     return dx * (dw * (float)s.isum - dminw * (float)s.msum);
 }
 
+/* One super-block of type t (a K-quant) against one Q8_K block: its term of the row's dot product,
+ * fm_k_block_value of its sums. */
+float fm_k_block_dot(fm_dtype t, const void *w, const fm_block_q8_K *x);
+
 #endif

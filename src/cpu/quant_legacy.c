@@ -4,14 +4,14 @@
 #include <math.h>
 #include <string.h>
 
-void fm_legacy_unpack_q4_0(const fm_block_q4_0 *w, int8_t q[32]) {
+static void unpack_q4_0(const fm_block_q4_0 *w, int8_t q[32]) {
     for (int j = 0; j < 16; j++) {
         q[j] = (int8_t)((w->qs[j] & 0xF) - 8);
         q[j + 16] = (int8_t)((w->qs[j] >> 4) - 8);
     }
 }
 
-void fm_legacy_unpack_q5_0(const fm_block_q5_0 *w, int8_t q[32]) {
+static void unpack_q5_0(const fm_block_q5_0 *w, int8_t q[32]) {
     const uint32_t qh =
         (uint32_t)w->qh[0] | (uint32_t)w->qh[1] << 8 | (uint32_t)w->qh[2] << 16 | (uint32_t)w->qh[3] << 24;
     for (int j = 0; j < 16; j++) {
@@ -20,29 +20,29 @@ void fm_legacy_unpack_q5_0(const fm_block_q5_0 *w, int8_t q[32]) {
     }
 }
 
-/* The signed weights and f32 scale of block b of a row of type t. */
-static float unpack(fm_dtype t, const void *blocks, int64_t b, int8_t q[32]) {
+float fm_legacy_unpack(fm_dtype t, const void *block, int8_t q[32]) {
     if (t == FM_DTYPE_Q5_0) {
-        const fm_block_q5_0 *w = (const fm_block_q5_0 *)blocks + b;
-        fm_legacy_unpack_q5_0(w, q);
+        const fm_block_q5_0 *w = block;
+        unpack_q5_0(w, q);
         return fm_f16_to_f32(w->d);
     }
-    const fm_block_q4_0 *w = (const fm_block_q4_0 *)blocks + b;
-    fm_legacy_unpack_q4_0(w, q);
+    const fm_block_q4_0 *w = block;
+    unpack_q4_0(w, q);
     return fm_f16_to_f32(w->d);
 }
 
 void fm_dequant_row_legacy(fm_dtype t, const void *blocks, float *out, int64_t n) {
     int8_t q[32];
+    const size_t bb = (size_t)fm_dtype_block_bytes(t);
     for (int64_t b = 0; b < n / 32; b++) {
-        const float d = unpack(t, blocks, b, q);
+        const float d = fm_legacy_unpack(t, (const char *)blocks + (size_t)b * bb, q);
         for (int j = 0; j < 32; j++) out[32 * b + j] = d * (float)q[j];
     }
 }
 
 int32_t fm_legacy_isum(fm_dtype t, const void *w, const fm_block_q8_0 *x, float *dw) {
     int8_t q[32];
-    *dw = unpack(t, w, 0, q);
+    *dw = fm_legacy_unpack(t, w, q);
     int32_t isum = 0;
     for (int j = 0; j < 32; j++) isum += (int32_t)q[j] * (int32_t)x->qs[j];
     return isum;

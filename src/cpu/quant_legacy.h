@@ -15,9 +15,9 @@
  * (and gguf-py) dequantise them; every such product is exact in f32. */
 void fm_dequant_row_legacy(fm_dtype t, const void *blocks, float *out, int64_t n);
 
-/* The 32 signed weights q - o of one block, as int8 (what the products multiply). */
-void fm_legacy_unpack_q4_0(const fm_block_q4_0 *w, int8_t q[32]);
-void fm_legacy_unpack_q5_0(const fm_block_q5_0 *w, int8_t q[32]);
+/* The 32 signed weights q - o of one block of type t, as int8 (what the products multiply); returns the
+ * block's f32 scale. */
+float fm_legacy_unpack(fm_dtype t, const void *block, int8_t q[32]);
 
 /* isum of a block of type t against one Q8_0 activation block; *dw gets the block's f32 scale. */
 int32_t fm_legacy_isum(fm_dtype t, const void *w, const fm_block_q8_0 *x, float *dw);

@@ -192,24 +192,22 @@ uint64_t qwen3_model_weight_bytes(const qwen3_model *m) {
     return b;
 }
 
-/* Calls fn on every matrix of the model (the token table, the lm_head when untied, every layer's). */
-static void each_matrix(const qwen3_model *m, void (*fn)(const fm_matrix *, void *), void *ctx) {
-    fn(&m->tok_embd, ctx);
-    if (!m->hp.tied) fn(&m->output, ctx);
+/* bytes[t]: the bytes of the model's matrices of type t (the token table, the lm_head when untied, every
+ * layer's). */
+static void bytes_by_type(const qwen3_model *m, uint64_t bytes[FM_DTYPE_COUNT]) {
+    memset(bytes, 0, FM_DTYPE_COUNT * sizeof bytes[0]);
+    bytes[m->tok_embd.dtype] += matrix_bytes(&m->tok_embd);
+    if (!m->hp.tied) bytes[m->output.dtype] += matrix_bytes(&m->output);
     for (int l = 0; l < m->hp.n_layers; l++) {
         const qwen3_layer *L = &m->layers[l];
         const fm_matrix *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) fn(ws[i], ctx);
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) bytes[ws[i]->dtype] += matrix_bytes(ws[i]);
     }
 }
 
-static void add_type_bytes(const fm_matrix *w, void *ctx) {
-    ((uint64_t *)ctx)[w->dtype] += matrix_bytes(w);
-}
-
 void qwen3_model_weight_types(const qwen3_model *m, char *buf, size_t len) {
-    uint64_t bytes[FM_DTYPE_COUNT] = {0};
-    each_matrix(m, add_type_bytes, bytes);
+    uint64_t bytes[FM_DTYPE_COUNT];
+    bytes_by_type(m, bytes);
     size_t at = 0;
     if (len) buf[0] = 0;
     for (;;) {
@@ -225,15 +223,12 @@ void qwen3_model_weight_types(const qwen3_model *m, char *buf, size_t len) {
     }
 }
 
-static void count_type(const fm_matrix *w, void *ctx) {
-    ((int *)ctx)[w->dtype]++;
-}
-
 int qwen3_model_all_matrices(const qwen3_model *m, fm_dtype t) {
-    int n[FM_DTYPE_COUNT] = {0}, total = 0;
-    each_matrix(m, count_type, n);
-    for (int i = 0; i < FM_DTYPE_COUNT; i++) total += n[i];
-    return n[t] == total;
+    uint64_t bytes[FM_DTYPE_COUNT];
+    bytes_by_type(m, bytes);
+    for (int i = 0; i < FM_DTYPE_COUNT; i++)
+        if (i != (int)t && bytes[i]) return 0;
+    return 1;
 }
 
 int qwen3_model_make_resident(qwen3_model *m, fm_pool *pool) {

@@ -27,11 +27,11 @@
  */
 #include "model/qwen3_synth.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/error.h"
 #include "core/threadpool.h"
@@ -111,15 +111,12 @@ static int synth_type_index(const qwen3_synth_params *p) {
 }
 
 int qwen3_synth_parse_type(const char *name, qwen3_synth_params *p) {
-    for (int i = 0; i < N_SYNTH_TYPES; i++) {
-        const char *a = synth_types[i].name, *b = name;
-        while (*a && *b && tolower((unsigned char)*b) == *a) a++, b++;
-        if (!*a && !*b) {
+    for (int i = 0; i < N_SYNTH_TYPES; i++)
+        if (!strcasecmp(name, synth_types[i].name)) {
             p->wtype = synth_types[i].wtype;
             p->mix = synth_types[i].mix;
             return 0;
         }
-    }
     return -1;
 }
 
