@@ -69,6 +69,7 @@ typedef struct {
     const char *device_note;         /* why a GPU that is present is not used (auto), or NULL */
     const char *isa;                 /* CPU kernel level in use */
     int huge_pages;                  /* the CPU reads the target's weights from transparent huge pages */
+    int repacked;                    /* target matrices rearranged for the AVX-512 VNNI kernel (0: none) */
 } fm_engine_info;
 void fm_engine_get_info(const fm_engine *e, fm_engine_info *info);
 

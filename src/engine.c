@@ -163,6 +163,7 @@ void fm_engine_get_info(const fm_engine *e, fm_engine_info *info) {
     info->device_note = e->device_note[0] ? e->device_note : NULL;
     info->isa = fm_isa_name(fm_cpu_isa());
     info->huge_pages = e->weights_resident;
+    info->repacked = qwen3_model_repacked(e->model);
 }
 
 int fm_session_create(fm_engine *e, fm_session **out, char *err, size_t errlen) {

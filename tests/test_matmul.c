@@ -5,7 +5,8 @@
  * bit for bit, the single-token product, for every T in 1..40, at every ISA level, with and without the pool:
  * speculative decoding is lossless only because of it); the K-quant kernels equal the scalar ones bit for
  * bit at every level; fm_matmul_multi against separate fm_matmul calls;
- * the AVX2 kernel's pre-packed rows (layout, and results bit for bit those of the unpacked matrix).
+ * the AVX2 kernel's pre-packed rows (layout, and results bit for bit those of the unpacked matrix); the
+ * in-place VNNI layout (the same, at every level).
  *
  * Tolerances. All kernels accumulate in f32; they differ from the reference only in summation order (SIMD
  * lanes, tiles), and for Q8_0 the int8 products are exact in both, so the difference is bounded by
@@ -131,7 +132,7 @@ static void reset_variant(void) {
 }
 
 static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
-    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols), NULL};
+    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols), NULL, FM_LAYOUT_ROWS};
     const int Tmax = 33;
     float *x = malloc(sizeof(float) * (size_t)(Tmax * cols));
     float *bias = malloc(sizeof(float) * (size_t)rows);
@@ -147,7 +148,7 @@ static void test_type(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
     if (dt == FM_DTYPE_Q8_0 || fm_dtype_is_legacy_quant(dt)) { /* Q4_0 / Q5_0 read Q8_0 activations too */
         fm_block_q8_0 *q = malloc(sizeof *q * (size_t)(Tmax * cols / 32));
         ggml_style_q8_0(x, q, Tmax * cols);
-        fm_matrix xm = {FM_DTYPE_Q8_0, Tmax, cols, q, NULL};
+        fm_matrix xm = {FM_DTYPE_Q8_0, Tmax, cols, q, NULL, FM_LAYOUT_ROWS};
         for (int t = 0; t < Tmax; t++) fm_matrix_row_f32(&xm, t, xe + t * cols);
         free(q);
     }
@@ -325,21 +326,21 @@ static void test_row_and_check(void) {
         blk[b].d = fm_f32_to_f16(0.5f * (float)(b + 1));
         for (int j = 0; j < 32; j++) blk[b].qs[j] = (int8_t)(j - 16 + b);
     }
-    fm_matrix m = {FM_DTYPE_Q8_0, 1, 64, blk, NULL};
+    fm_matrix m = {FM_DTYPE_Q8_0, 1, 64, blk, NULL, FM_LAYOUT_ROWS};
     float out[64];
     fm_matrix_row_f32(&m, 0, out);
     CHECK_NEAR(out[0], 0.5f * -16.0f, 0);
     CHECK_NEAR(out[63], 1.0f * 16.0f, 0);
     uint16_t h[6] = {fm_f32_to_f16(1.5f),  fm_f32_to_f16(-2.0f),  fm_f32_to_f16(0.25f),
                      fm_f32_to_bf16(1.5f), fm_f32_to_bf16(-2.0f), fm_f32_to_bf16(3.0f)};
-    fm_matrix mh = {FM_DTYPE_F16, 2, 3, h, NULL};
+    fm_matrix mh = {FM_DTYPE_F16, 2, 3, h, NULL, FM_LAYOUT_ROWS};
     fm_matrix_row_f32(&mh, 0, out);
     CHECK(out[0] == 1.5f && out[1] == -2.0f && out[2] == 0.25f);
-    fm_matrix mb = {FM_DTYPE_BF16, 2, 3, h, NULL};
+    fm_matrix mb = {FM_DTYPE_BF16, 2, 3, h, NULL, FM_LAYOUT_ROWS};
     fm_matrix_row_f32(&mb, 1, out);
     CHECK(out[0] == 1.5f && out[1] == -2.0f && out[2] == 3.0f);
     float f[4] = {1, 2, 3, 4};
-    fm_matrix mf = {FM_DTYPE_F32, 2, 2, f, NULL};
+    fm_matrix mf = {FM_DTYPE_F32, 2, 2, f, NULL, FM_LAYOUT_ROWS};
     fm_matrix_row_f32(&mf, 1, out);
     CHECK(out[0] == 3 && out[1] == 4);
 
@@ -348,13 +349,13 @@ static void test_row_and_check(void) {
     fm_block_q4_0 b4 = {fm_f32_to_f16(0.5f), {0}};
     b4.qs[0] = 0xF0;  /* weight 0: 0 - 8, weight 16: 15 - 8 */
     b4.qs[15] = 0x39; /* weight 15: 9 - 8, weight 31: 3 - 8 */
-    fm_matrix m4 = {FM_DTYPE_Q4_0, 1, 32, &b4, NULL};
+    fm_matrix m4 = {FM_DTYPE_Q4_0, 1, 32, &b4, NULL, FM_LAYOUT_ROWS};
     fm_matrix_row_f32(&m4, 0, out);
     CHECK(out[0] == -4.0f && out[16] == 3.5f && out[15] == 0.5f && out[31] == -2.5f && out[1] == -4.0f);
     fm_block_q5_0 b5 = {fm_f32_to_f16(0.25f), {0x01, 0, 0, 0x80}, {0}};
     b5.qs[0] = 0xF0;  /* weight 0: 16 + 0 - 16, weight 16: 15 - 16 */
     b5.qs[15] = 0x3F; /* weight 15: 15 - 16, weight 31: 16 + 3 - 16 */
-    fm_matrix m5 = {FM_DTYPE_Q5_0, 1, 32, &b5, NULL};
+    fm_matrix m5 = {FM_DTYPE_Q5_0, 1, 32, &b5, NULL, FM_LAYOUT_ROWS};
     fm_matrix_row_f32(&m5, 0, out);
     CHECK(out[0] == 0.0f && out[16] == -0.25f && out[15] == -0.25f && out[31] == 0.75f && out[1] == -4.0f);
     CHECK(fm_dtype_row_bytes(FM_DTYPE_Q4_0, 64) == 36 && fm_dtype_row_bytes(FM_DTYPE_Q5_0, 64) == 44);
@@ -364,12 +365,12 @@ static void test_row_and_check(void) {
     CHECK(fm_dtype_parse("q5_0", &pt) == 0 && pt == FM_DTYPE_Q5_0);
 
     CHECK(fm_matrix_check(&m, err, sizeof err) == 0);
-    fm_matrix bad = {FM_DTYPE_Q8_0, 4, 48, blk, NULL};
+    fm_matrix bad = {FM_DTYPE_Q8_0, 4, 48, blk, NULL, FM_LAYOUT_ROWS};
     CHECK(fm_matrix_check(&bad, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "multiple of 32") != NULL, "message: %s", err);
-    bad = (fm_matrix){FM_DTYPE_F32, 0, 4, f, NULL};
+    bad = (fm_matrix){FM_DTYPE_F32, 0, 4, f, NULL, FM_LAYOUT_ROWS};
     CHECK(fm_matrix_check(&bad, err, sizeof err) == -1);
-    bad = (fm_matrix){FM_DTYPE_F32, 2, 2, NULL, NULL};
+    bad = (fm_matrix){FM_DTYPE_F32, 2, 2, NULL, NULL, FM_LAYOUT_ROWS};
     CHECK(fm_matrix_check(&bad, err, sizeof err) == -1);
 }
 
@@ -403,7 +404,7 @@ static void test_isa_levels(void) {
  * (cols 9728) that a batch's activations are split into many column segments (AVX-512 row-pair path). */
 static void test_batch_independence(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
     enum { TMAX = 40 };
-    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols), NULL};
+    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols), NULL, FM_LAYOUT_ROWS};
     float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
     float *y1 = malloc(sizeof(float) * (size_t)(TMAX * rows)),
           *y = malloc(sizeof(float) * (size_t)(TMAX * rows));
@@ -445,7 +446,7 @@ static void test_batch_independence(fm_dtype dt, int64_t rows, int64_t cols, fm_
  * kernels' row tiles, T across their token tiles and passes, with and without the pool. */
 static void test_k_exact(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool) {
     enum { TMAX = 70 };
-    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols), NULL};
+    fm_matrix w = {dt, rows, cols, make_weights(dt, rows, cols), NULL, FM_LAYOUT_ROWS};
     float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
     float *yref = malloc(sizeof(float) * (size_t)(TMAX * rows)),
           *y = malloc(sizeof(float) * (size_t)(TMAX * rows));
@@ -487,8 +488,8 @@ static void test_multi(fm_pool *pool) {
         const fm_matrix *wp[3];
         float *ya[3], *yb[3];
         for (int i = 0; i < 3; i++) {
-            w[i] =
-                (fm_matrix){types[mix][i], rows[i], cols, make_weights(types[mix][i], rows[i], cols), NULL};
+            w[i] = (fm_matrix){types[mix][i], rows[i],       cols, make_weights(types[mix][i], rows[i], cols),
+                               NULL,          FM_LAYOUT_ROWS};
             wp[i] = &w[i];
             ya[i] = malloc(sizeof(float) * 33 * (size_t)rows[i]);
             yb[i] = malloc(sizeof(float) * 33 * (size_t)rows[i]);
@@ -554,7 +555,8 @@ static void test_prepacked(int64_t rows, int64_t cols, fm_pool *pool) {
         printf("test_matmul: skipping pre-packed Q8_0 rows: no AVX2\n");
         return;
     }
-    fm_matrix w = {FM_DTYPE_Q8_0, rows, cols, make_weights(FM_DTYPE_Q8_0, rows, cols), NULL}, wp = w;
+    fm_matrix w = {FM_DTYPE_Q8_0, rows, cols, make_weights(FM_DTYPE_Q8_0, rows, cols), NULL, FM_LAYOUT_ROWS},
+              wp = w;
     CHECK(fm_cpu_set_isa(FM_ISA_AVX2) == 0);
     /* the packed path takes batches from 10 tokens (matmul_q8_avx2.c, Q8_PACK_MIN_T) */
     CHECK(fm_matrix_packed_bytes(&w, 9) == 0);
@@ -592,6 +594,92 @@ static void test_prepacked(int64_t rows, int64_t cols, fm_pool *pool) {
     }
     reset_variant();
     free(buf);
+    free((void *)w.data);
+    free(x);
+    free(bias);
+    free(ya);
+    free(yb);
+}
+
+/* The in-place VNNI layout (fm_matrix_repack_vnni4): its bytes are the documented layout (every block reads
+ * back as it was, through fm_matrix_q8_0_block and fm_matrix_row_f32, and one block checked byte by byte at
+ * its documented offsets), shapes it cannot take are refused untouched, and every product equals the rows'
+ * bit for bit at every level (the VNNI kernel reads it; other levels go through a copy in rows), for T in
+ * 1..40, with and without the pool, with a bias and in fm_matmul_multi beside a matrix still in rows. */
+static void test_vnni4(int64_t rows, int64_t cols, fm_pool *pool) {
+    enum { TMAX = 40 };
+    const int64_t nb = cols / 32;
+    fm_matrix w = {FM_DTYPE_Q8_0, rows, cols, make_weights(FM_DTYPE_Q8_0, rows, cols), NULL, FM_LAYOUT_ROWS};
+    const size_t bytes = (size_t)rows * (size_t)nb * sizeof(fm_block_q8_0);
+    void *copy = malloc(bytes);
+    memcpy(copy, w.data, bytes);
+    fm_matrix wp = w;
+    wp.data = copy;
+    CHECK(fm_matrix_repack_vnni4(pool, &wp, copy) == 0 && wp.layout == FM_LAYOUT_Q8_VNNI4);
+    CHECK(fm_matrix_repack_vnni4(pool, &wp, copy) == -1); /* already repacked */
+    CHECK_MSG(memcmp(copy, w.data, bytes) != 0, "repack %lldx%lld changed no byte", (long long)rows,
+              (long long)cols);
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const fm_block_q8_0 x = fm_matrix_q8_0_block(&wp, r, b),
+                                y = ((const fm_block_q8_0 *)w.data)[r * nb + b];
+            bad += memcmp(&x, &y, sizeof x) != 0;
+        }
+    CHECK_MSG(bad == 0, "repack %lldx%lld: %d blocks read back differently", (long long)rows, (long long)cols,
+              bad);
+    if (rows >= 8 && nb >= 22) { /* row 6 (unit 1, r = 2), block 21 (group 1, lane 5), where matmul.h says */
+        const unsigned char *grp = (const unsigned char *)copy + (size_t)(1 * (cols / 512) + 1) * 2176;
+        const fm_block_q8_0 y = ((const fm_block_q8_0 *)w.data)[6 * nb + 21];
+        int ok = memcmp(grp + 4 * 512 + 2 * 32 + 5 * 2, &y.d, 2) == 0;
+        for (int k = 0; k < 32; k++)
+            ok &=
+                grp[(k / 4) * 256 + 2 * 64 + 5 * 4 + k % 4] == (unsigned char)((unsigned char)y.qs[k] ^ 0x80);
+        CHECK_MSG(ok, "repack %lldx%lld: block (6, 21) is not at its documented offsets", (long long)rows,
+                  (long long)cols);
+    }
+    float *fa = malloc(sizeof(float) * (size_t)cols), *fb = malloc(sizeof(float) * (size_t)cols);
+    fm_matrix_row_f32(&w, rows - 1, fa);
+    fm_matrix_row_f32(&wp, rows - 1, fb);
+    CHECK(memcmp(fa, fb, sizeof(float) * (size_t)cols) == 0);
+    free(fa);
+    free(fb);
+    float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
+    float *bias = malloc(sizeof(float) * (size_t)rows);
+    float *ya = malloc(sizeof(float) * (size_t)(TMAX * rows)),
+          *yb = malloc(sizeof(float) * (size_t)(TMAX * rows));
+    for (int64_t i = 0; i < TMAX * cols; i++) x[i] = rng_uniform() * 3.0f;
+    for (int64_t r = 0; r < rows; r++) bias[r] = rng_uniform();
+    for (int v = 0; v < n_variants(); v++) {
+        const char *vname = set_variant(v);
+        for (int T = 1; T <= TMAX; T += T < 19 ? 1 : 7) {
+            const int use_pool = T % 2;
+            for (int64_t i = 0; i < T * rows; i++) ya[i] = yb[i] = NAN;
+            fm_matmul(use_pool ? pool : NULL, &w, x, T, ya, bias);
+            fm_matmul(use_pool ? pool : NULL, &wp, x, T, yb, bias);
+            CHECK_MSG(memcmp(ya, yb, sizeof(float) * (size_t)(T * rows)) == 0,
+                      "vnni4 %s %lldx%lld T=%d pool=%d: results differ from the rows'", vname,
+                      (long long)rows, (long long)cols, T, use_pool);
+            const fm_matrix *pair[2] = {&wp, &w};
+            float *ys[2] = {yb, ya};
+            fm_matmul_multi(pool, pair, 2, x, T, ys);
+            CHECK_MSG(memcmp(ya, yb, sizeof(float) * (size_t)(T * rows)) == 0,
+                      "vnni4 %s %lldx%lld T=%d: fm_matmul_multi results differ", vname, (long long)rows,
+                      (long long)cols, T);
+        }
+    }
+    reset_variant();
+    /* Shapes the layout cannot hold are refused and left as they were. */
+    fm_matrix odd = w;
+    odd.rows = rows - 1;
+    CHECK(fm_matrix_repack_vnni4(pool, &odd, (void *)odd.data) == -1 && odd.layout == FM_LAYOUT_ROWS);
+    CHECK(!fm_matrix_wants_vnni4(&odd));
+    odd = w;
+    odd.cols = cols - 32;
+    odd.rows = rows; /* (cols - 32) % 512 != 0 */
+    CHECK(fm_matrix_repack_vnni4(pool, &odd, (void *)odd.data) == -1 && !fm_matrix_wants_vnni4(&odd));
+    CHECK(!fm_matrix_wants_vnni4(&wp)); /* already repacked */
+    free(copy);
     free((void *)w.data);
     free(x);
     free(bias);
@@ -641,6 +729,9 @@ int main(void) {
     test_multi(pool);
     for (size_t s = 0; s < sizeof bi_shapes / sizeof *bi_shapes; s++)
         test_prepacked(bi_shapes[s][0], bi_shapes[s][1], pool);
+    static const int64_t v4_shapes[][2] = {{4, 512}, {12, 2560}, {268, 1024}, {8, 9728}};
+    for (size_t s = 0; s < sizeof v4_shapes / sizeof *v4_shapes; s++)
+        test_vnni4(v4_shapes[s][0], v4_shapes[s][1], pool);
     if (n_variants() > (int)fm_cpu_isa_best() + 1) {
         printf("test_matmul: the AMX kernel ran in %lu products\n", fm_mm_amx_calls());
         CHECK(fm_mm_amx_calls() > 0);

@@ -20,12 +20,15 @@ typedef struct {
 
 /* The K-quants need every product's input length a multiple of 256: dim, the heads' width and ffn. */
 static const char *const SHAPE_SMALL = "--dim 64 --heads 4 --head-dim 16 --ffn 128",
-                         *const SHAPE_K = "--dim 256 --heads 4 --head-dim 64 --ffn 256";
+                         *const SHAPE_K = "--dim 256 --heads 4 --head-dim 64 --ffn 256",
+                         /* Every product's input a multiple of 512: on an AVX-512 VNNI CPU the engine
+                          * repacks these Q8_0 matrices (fm_matrix_repack_vnni4), the drafter's too. */
+                             *const SHAPE_VNNI4 = "--dim 512 --heads 4 --head-dim 128 --ffn 1024";
 
 static const model_spec MODELS[] = {
     {"f32", "--tied", 2, 11},    {"q8_0", "--tied", 1, 12},   {"bf16", "--untied", 4, 13},
     {"f16", "--untied", 2, 14},  {"q4_k_m", "--tied", 2, 15}, {"q6_k", "--untied", 1, 16},
-    {"q5_0", "--untied", 2, 17},
+    {"q5_0", "--untied", 2, 17}, {"q8_0", "--tied", 2, 18}, /* the last one in SHAPE_VNNI4 */
 };
 enum { N_MODELS = sizeof MODELS / sizeof MODELS[0], N_CASES_PER_MODEL = 60 };
 
@@ -51,15 +54,19 @@ static int synth_pair(const model_spec *m, char *target, char *drafter, size_t l
     snprintf(target, len, "%s/spec_target_%s_%d.gguf", fm_test_tmpdir(), m->type, m->seed);
     snprintf(drafter, len, "%s/spec_drafter_%s_%d", fm_test_tmpdir(), m->type, m->seed);
     char cmd[16384];
+    const int wide = m == &MODELS[N_MODELS - 1];
     snprintf(cmd, sizeof cmd,
              "'%s' synth target -o '%s' --layers 3 %s --kv-heads %d --type %s %s --seed %d >/dev/null 2>&1",
-             cli, target, strstr(m->type, "_k") ? SHAPE_K : SHAPE_SMALL, m->kv_heads, m->type, m->tie,
-             m->seed);
+             cli, target,
+             wide                    ? SHAPE_VNNI4
+             : strstr(m->type, "_k") ? SHAPE_K
+                                     : SHAPE_SMALL,
+             m->kv_heads, m->type, m->tie, m->seed);
     if (run(cmd)) return -1;
     snprintf(cmd, sizeof cmd,
-             "mkdir -p '%s' && '%s' synth drafter -m '%s' -o '%s/model.safetensors' --dim 64 --layers 2 "
-             "--heads 4 --head-dim 16 --ffn 128 --target-layers 0,2 --seed %d >/dev/null 2>&1",
-             drafter, cli, target, drafter, m->seed);
+             "mkdir -p '%s' && '%s' synth drafter -m '%s' -o '%s/model.safetensors' --layers 2 %s "
+             "--target-layers 0,2 --seed %d >/dev/null 2>&1",
+             drafter, cli, target, drafter, wide ? SHAPE_VNNI4 : SHAPE_SMALL, m->seed);
     return run(cmd);
 }
 
@@ -175,6 +182,10 @@ int main(void) {
             }
             fm_engine_info info;
             fm_engine_get_info(e, &info);
+            if (mi == N_MODELS - 1 && !ctx_variant)
+                printf("test_speculative: the %d-wide q8_0 pair: %d target matrices repacked for the VNNI "
+                       "kernel\n",
+                       info.dim, info.repacked);
             if (!ctx_variant) {
                 const int n = check_truncate(e, &info, MODELS[mi].type, 10);
                 CHECK_MSG(n >= 0, "%s: no session for the truncation cases", MODELS[mi].type);

@@ -299,8 +299,9 @@ static void build_table(const bench_opts *o, const fm_engine_info *info, const b
     row(t, "roofline step (weight bytes / bandwidth)", fmt(a, "%.*f ms", ms_digits(roof_ms), roof_ms),
         fmt(b, "flashmap step at %.0f%%", 100 * roof_ms / step),
         have_llama ? fmt(c, "llama.cpp step at %.0f%%", 100 * roof_ms / llama_step) : no_llama, "-",
-        fmt(d, "%.3f GB of weights read per token; %s", (double)info->weight_bytes * 1e-9,
-            info->huge_pages ? "weights in 2 MiB pages" : "weights in 4 KiB file pages"));
+        fmt(d, "%.3f GB of weights read per token; %s%s", (double)info->weight_bytes * 1e-9,
+            info->huge_pages ? "weights in 2 MiB pages" : "weights in 4 KiB file pages",
+            info->repacked ? ", Q8_0 repacked for the VNNI kernel" : ""));
 }
 
 /* ---- the run ---- */

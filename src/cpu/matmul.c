@@ -20,10 +20,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "cpu/cpu_features.h"
 #include "cpu/matmul_kernels.h"
+#include "cpu/q8_layout.h"
 #include "cpu/quant_k.h"
 #include "cpu/quant_legacy.h"
 
@@ -256,8 +258,12 @@ static void matmul_blocks_nomem(const fm_matrix *w, const float *x, int T, float
         const char *wr = (const char *)w->data + (size_t)r * (size_t)nb * bb;
         for (int t = 0; t < T; t++) {
             float s = 0;
-            for (int64_t b = 0; b < nb; b++)
-                s += nomem_block_term(w->dtype, wr + (size_t)b * bb, x + (int64_t)t * w->cols + b * be);
+            for (int64_t b = 0; b < nb; b++) {
+                const fm_block_q8_0 q8 =
+                    w->dtype == FM_DTYPE_Q8_0 ? fm_matrix_q8_0_block(w, r, b) : (fm_block_q8_0){0};
+                const void *wb = w->dtype == FM_DTYPE_Q8_0 ? (const void *)&q8 : wr + (size_t)b * bb;
+                s += nomem_block_term(w->dtype, wb, x + (int64_t)t * w->cols + b * be);
+            }
             y[(int64_t)t * w->rows + r] = s + (bias ? bias[r] : 0.0f);
         }
     }
@@ -265,11 +271,49 @@ static void matmul_blocks_nomem(const fm_matrix *w, const float *x, int T, float
 
 enum { MM_MAX_PARTS = 16 };
 
+static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *const *ws, int n,
+                       const float *x, int T, float *const *ys, const float *const *biases);
+
+/* Whether the level's Q8_0 kernel reads FM_LAYOUT_Q8_VNNI4 matrices itself. */
+static int reads_vnni4(const fm_mm_table *tab) {
+    return tab->q8 && tab->q8->reads_vnni4;
+}
+
+/* A repacked matrix at a level whose kernels read only rows (tests lower the level after loading): through
+ * a temporary copy in rows, the same products bit for bit; block by block when that copy cannot be had. */
+static void matmul_via_rows(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *w, const float *x, int T,
+                            float *y, const float *bias) {
+    const int64_t nb = w->cols / FM_QK8_0;
+    fm_block_q8_0 *rows = malloc((size_t)w->rows * (size_t)nb * sizeof *rows);
+    if (!rows) {
+        matmul_blocks_nomem(w, x, T, y, bias);
+        return;
+    }
+    for (int64_t r = 0; r < w->rows; r++)
+        for (int64_t b = 0; b < nb; b++) rows[r * nb + b] = fm_matrix_q8_0_block(w, r, b);
+    const fm_matrix copy = {w->dtype, w->rows, w->cols, rows, NULL, FM_LAYOUT_ROWS};
+    const fm_matrix *cp = &copy;
+    matmul_run(pool, tab, &cp, 1, x, T, &y, bias ? &bias : NULL);
+    free(rows);
+}
+
 /* ys[i] = ws[i] x (+ biases[i]) for n matrices of one dtype and one cols, sharing x's preparation and one
  * pool job. */
 static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *const *ws, int n,
                        const float *x, int T, float *const *ys, const float *const *biases) {
     if (T <= 0 || n <= 0) return;
+    int vnni4 = 0;
+    for (int i = 0; i < n; i++) vnni4 |= ws[i]->layout == FM_LAYOUT_Q8_VNNI4;
+    if (vnni4 && !reads_vnni4(tab)) {
+        for (int i = 0; i < n; i++) {
+            const float *bias = biases ? biases[i] : NULL;
+            if (ws[i]->layout == FM_LAYOUT_Q8_VNNI4)
+                matmul_via_rows(pool, tab, ws[i], x, T, ys[i], bias);
+            else
+                matmul_run(pool, tab, &ws[i], 1, x, T, &ys[i], biases ? &biases[i] : NULL);
+        }
+        return;
+    }
     const fm_dtype dt = ws[0]->dtype;
     const int64_t cols = ws[0]->cols;
     const int workers = fm_pool_size(pool);
@@ -278,7 +322,7 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *c
     char *tls = NULL;
     size_t tls_stride = 0;
     if (dt == FM_DTYPE_Q8_0 && tab->q8) {
-        const fm_mm_q8_family *q8 = q8_family(tab, T);
+        const fm_mm_q8_family *q8 = vnni4 ? tab->q8 : q8_family(tab, T); /* AMX reads rows only */
         if (q8 != tab->q8) atomic_fetch_add_explicit(&g_amx_calls, 1, memory_order_relaxed);
         const size_t abytes = align64(q8->act_bytes(T, cols));
         tls_stride = align64(q8->tls_bytes(T, cols));
@@ -331,6 +375,7 @@ static void matmul_run(fm_pool *pool, const fm_mm_table *tab, const fm_matrix *c
         /* About 8 chunks per worker: enough to even out the workers, few enough that taking one is free. */
         int64_t chunk = w->rows / (8 * (int64_t)workers);
         if (chunk < grain) chunk = grain;
+        if (w->layout == FM_LAYOUT_Q8_VNNI4) chunk = (chunk + 3) & ~(int64_t)3; /* whole units of 4 rows */
         parts[i] = (fm_mm_part){w, ys[i], biases ? biases[i] : NULL, chunk, n_chunks};
         n_chunks += (w->rows + chunk - 1) / chunk;
     }
@@ -395,8 +440,17 @@ int fm_matrix_check(const fm_matrix *w, char *err, size_t errlen) {
 size_t fm_matrix_packed_bytes(const fm_matrix *w, int T) {
     fm_mm_table tab = current_table();
     const fm_mm_q8_family *q8 = q8_family(&tab, T);
-    if (w->dtype != FM_DTYPE_Q8_0 || w->rows <= 0 || w->cols <= 0 || !q8 || !q8->pack_bytes) return 0;
+    if (w->dtype != FM_DTYPE_Q8_0 || w->layout != FM_LAYOUT_ROWS || w->rows <= 0 || w->cols <= 0 || !q8 ||
+        !q8->pack_bytes)
+        return 0;
     return q8->pack_bytes(T, w->rows, w->cols);
+}
+
+int fm_matrix_wants_vnni4(const fm_matrix *w) {
+    const fm_mm_table tab = current_table();
+    const char *off = getenv("FLASHMAP_NO_REPACK");
+    if (off && *off && strcmp(off, "0") != 0) return 0;
+    return fm_q8_vnni4_shape_ok(w) && reads_vnni4(&tab) && !tab.q8_amx;
 }
 
 typedef struct {
@@ -439,10 +493,10 @@ void fm_matrix_row_f32(const fm_matrix *w, int64_t row, float *out) {
     }
     case FM_DTYPE_Q8_0: {
         const int64_t nb = K / FM_QK8_0;
-        const fm_block_q8_0 *p = (const fm_block_q8_0 *)w->data + row * nb;
         for (int64_t b = 0; b < nb; b++) {
-            const float d = fm_f16_to_f32(p[b].d);
-            for (int j = 0; j < FM_QK8_0; j++) out[b * FM_QK8_0 + j] = d * (float)p[b].qs[j];
+            const fm_block_q8_0 q = fm_matrix_q8_0_block(w, row, b);
+            const float d = fm_f16_to_f32(q.d);
+            for (int j = 0; j < FM_QK8_0; j++) out[b * FM_QK8_0 + j] = d * (float)q.qs[j];
         }
         break;
     }

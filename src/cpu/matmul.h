@@ -11,14 +11,26 @@
 #include "core/dtype.h"
 #include "core/threadpool.h"
 
+/* How a Q8_0 matrix's bytes are laid out. FM_LAYOUT_ROWS: as in the file, rows of 34-byte blocks.
+ * FM_LAYOUT_Q8_VNNI4: the same bytes rearranged in place (fm_matrix_repack_vnni4) for the AVX-512 VNNI
+ * kernel, which then reads them with plain vector loads instead of transposing every block it streams. Rows
+ * go in units of 4 and columns in groups of 512 (16 blocks); unit u, group g is 2176 bytes at
+ * (u * cols / 512 + g) * 2176: first 32 vectors of 64 bytes, vector 4 j + r (j = 0..7, row r = 0..3) holding
+ * in its 32-bit lane l bytes [4j, 4j + 4) of row r's block 16 g + l, each XOR 0x80 (w + 128, unsigned, as
+ * vpdpbusd takes it), so that the kernel reads them in address order; then row r = 0..3's 16 block scales
+ * (f16). That is 4 x 16 blocks of 34 bytes: the size of the rows it replaces. */
+typedef enum { FM_LAYOUT_ROWS = 0, FM_LAYOUT_Q8_VNNI4 = 1 } fm_layout;
+
 /* A read-only row-major matrix [rows][cols] in one weight type (a GGUF or safetensors tensor in place).
  * packed: NULL, or (Q8_0 only) the same rows already in the layout the AVX2 kernel's batches read
- * (fm_matrix_pack_q8_0), which then skip widening them; data stays the matrix for every other kernel. */
+ * (fm_matrix_pack_q8_0), which then skip widening them; data stays the matrix for every other kernel.
+ * layout: FM_LAYOUT_ROWS except after fm_matrix_repack_vnni4. */
 typedef struct {
     fm_dtype dtype;
     int64_t rows, cols;
     const void *data;
     const void *packed;
+    fm_layout layout;
 } fm_matrix;
 
 /* Checks what fm_matmul assumes: a known dtype, rows/cols > 0, cols a multiple of the block size
@@ -48,6 +60,18 @@ size_t fm_matrix_packed_bytes(const fm_matrix *w, int T);
  * used) with w's rows pre-packed and points w->packed at it; results stay bit for bit those of the unpacked
  * matrix. Does nothing when fm_matrix_packed_bytes(w, T) is 0. pool may be NULL. */
 void fm_matrix_pack_q8_0(fm_pool *pool, fm_matrix *w, int T, void *dst);
+
+/* Whether fm_matrix_repack_vnni4 would pay off for w at the current ISA level: a Q8_0 matrix in rows, with
+ * rows a multiple of 4 and cols of 512, on a CPU whose Q8_0 kernel is the AVX-512 VNNI one (not where AMX
+ * takes batches: its tiles read the rows as they are); never with FLASHMAP_NO_REPACK=1 in the environment. */
+int fm_matrix_wants_vnni4(const fm_matrix *w);
+/* Rearranges w's bytes in place into FM_LAYOUT_Q8_VNNI4 and sets w->layout; `bytes` is w->data, writable.
+ * w must be a Q8_0 matrix in rows with rows % 4 == 0 and cols % 512 == 0 (else nothing changes and -1 is
+ * returned). Every fm_matmul of the matrix stays bit for bit what it was, at every ISA level (levels without
+ * the VNNI kernel read it through a temporary copy in rows: slow, for tests). pool may be NULL. */
+int fm_matrix_repack_vnni4(fm_pool *pool, fm_matrix *w, void *bytes);
+/* Block b of row `row` of a Q8_0 matrix in either layout, as the file stores it. */
+fm_block_q8_0 fm_matrix_q8_0_block(const fm_matrix *w, int64_t row, int64_t b);
 
 /* out[k] = W[row][k] as f32 (token-table lookups, uniform_embeds). */
 void fm_matrix_row_f32(const fm_matrix *w, int64_t row, float *out);

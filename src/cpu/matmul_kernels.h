@@ -57,6 +57,7 @@ typedef struct {
     fm_mm_kernel kern;
     size_t (*pack_bytes)(int T, int64_t rows, int64_t cols);
     void (*pack_rows)(const fm_matrix *w, int64_t r0, int64_t r1, void *dst);
+    int reads_vnni4; /* kern also takes FM_LAYOUT_Q8_VNNI4 matrices (in row ranges of whole units of 4) */
 } fm_mm_q8_family;
 
 void fm_mm_f32_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,

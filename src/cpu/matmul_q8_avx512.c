@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include "cpu/matmul_kernels.h"
+#include "cpu/q8_layout.h"
 #include "cpu/simd_avx.h"
 
 enum {
@@ -240,6 +241,105 @@ static void q8_tile_any(const int8_t *wq, const float *wd, const fm_block_q8_0 *
 #undef Q8_TILE_CASE
 }
 
+/* ---- repacked matrices (FM_LAYOUT_Q8_VNNI4, matmul.h) ---- */
+
+enum {
+    V4_TT = 3, /* tokens per tile: 4 x 3 int32 sums, 4 x 3 f32 sums, 4 weight vectors, 1 activation */
+    V4_PREFETCH = 2048, /* bytes ahead of its reads that a tile streaming from memory prefetches */
+};
+
+/* Rows 4u..4u+3 (unit, ng groups of FM_VNNI4_GROUP bytes) x TT tokens (1..3) from t0: per vector j, 4 weight
+ * loads and TT activation loads feed 4 TT vpdpbusd, with no transposing (the repacking did it once); then per
+ * (row, token) q8_tile's f32 step. Prefetches: with `near` each group's successor into L1 (a lone tile
+ * streaming from memory), and a few lines of the stream pf into L2 per group. */
+FM_INLINE void v4_tile(const char *unit, int near, const fm_mm_act *a, int t0, const int TT,
+                       float out[4][V4_TT], q8_prefetch *pf) {
+    const int64_t ng = a->ng, xq_stride = ng * GROUP_BYTES, xs_stride = ng * G16;
+    const int8_t *xr = a->xr + (int64_t)t0 * xq_stride;
+    const float *xs = a->xs + (int64_t)t0 * xs_stride;
+    const int32_t *xc = a->xc + (int64_t)t0 * xs_stride;
+    __m512 acc[4][V4_TT];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 3
+        for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const char *grp = unit + g * FM_VNNI4_GROUP;
+        if (near) /* one group ahead into L1 */
+            for (int i = 0; i < FM_VNNI4_GROUP / 64; i++)
+                _mm_prefetch(grp + V4_PREFETCH + 64 * i, _MM_HINT_T0);
+        for (int i = 0; i < pf->per_group && pf->p < pf->end; i++, pf->p += 64)
+            _mm_prefetch(pf->p, _MM_HINT_T1);
+        __m512i ia[4][V4_TT];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+#pragma GCC unroll 3
+            for (int t = 0; t < TT; t++) ia[r][t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int j = 0; j < FM_Q8_VECS; j++) {
+            __m512i w[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) w[r] = _mm512_loadu_si512(grp + 256 * j + 64 * r);
+#pragma GCC unroll 3
+            for (int t = 0; t < TT; t++) {
+                const __m512i x = _mm512_load_si512(xr + t * xq_stride + g * GROUP_BYTES + 64 * j);
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) ia[r][t] = _mm512_dpbusd_epi32(ia[r][t], w[r], x);
+            }
+        }
+        __m512 dw[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            dw[r] =
+                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(grp + 4 * FM_VNNI4_QUANTS + 32 * r)));
+#pragma GCC unroll 3
+        for (int t = 0; t < TT; t++) {
+            const __m512i c = _mm512_load_si512(xc + t * xs_stride + g * G16);
+            const __m512 sx = _mm512_load_ps(xs + t * xs_stride + g * G16);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const __m512 s = _mm512_mul_ps(dw[r], sx);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ia[r][t], c)), s, acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 3
+        for (int t = 0; t < TT; t++) out[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* Rows [r0, r1) (whole units) of a repacked matrix: unit by unit, every 3-token tile over the unit's groups
+ * (the first tile streams them from memory, the others find them in L1 / L2). With one tile (T <= 3) the
+ * unit streams once, each group prefetching the next; with more, the next unit goes to L2 spread over all
+ * of this unit's tiles, so memory keeps working while the later tiles compute (measured in one process,
+ * alternating calls: 9 and 17 tokens 0.68-0.85x the time of the rows' kernels, against 0.99-1.10x when only
+ * the first tile prefetched). */
+static void v4_rows(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                    int64_t r1) {
+    const size_t unit_bytes = (size_t)a->ng * FM_VNNI4_GROUP;
+    const int tiles = (a->T + V4_TT - 1) / V4_TT, near = tiles == 1;
+    const char *end = (const char *)w->data + (size_t)(w->rows / 4) * unit_bytes;
+    for (int64_t u = r0 / 4; u < r1 / 4; u++) {
+        const char *unit = (const char *)w->data + (size_t)u * unit_bytes;
+        q8_prefetch pf = {unit + unit_bytes, unit + 2 * unit_bytes, 0};
+        if (pf.end > end) pf.end = end;
+        pf.per_group = near ? 0 : (FM_VNNI4_GROUP / 64 + tiles - 1) / tiles;
+        for (int t0 = 0; t0 < a->T; t0 += V4_TT) {
+            const int tt = a->T - t0 < V4_TT ? a->T - t0 : V4_TT;
+            float out[4][V4_TT];
+            if (tt == 3)
+                v4_tile(unit, near, a, t0, 3, out, &pf);
+            else if (tt == 2)
+                v4_tile(unit, near, a, t0, 2, out, &pf);
+            else
+                v4_tile(unit, near, a, t0, 1, out, &pf);
+            for (int r = 0; r < 4; r++)
+                for (int t = 0; t < tt; t++) fm_mm_store(w, y, bias, 4 * u + r, t0 + t, out[r][t]);
+        }
+    }
+}
+
 /* ---- row-pair path (q8_pair) ---- */
 
 /* R rows (1, 2; interleaved in v[r], scales dw[r]) x TT tokens (1..4) from t0, group g: per token 8 x loads
@@ -365,6 +465,10 @@ static void q8_kernel(const fm_matrix *w, const fm_mm_act *a, float *y, const fl
     const int64_t row_bytes = nb * (int64_t)sizeof(fm_block_q8_0);
     const char *wbase = w->data;
     q8_prefetch pf = {NULL, NULL, 0};
+    if (w->layout == FM_LAYOUT_Q8_VNNI4) {
+        v4_rows(w, a, y, bias, r0, r1);
+        return;
+    }
     if (q8_pair(a->T, ng)) {
         q8_pair_rows(w, a, y, bias, r0, r1, tls);
         return;
@@ -406,4 +510,5 @@ const fm_mm_q8_family fm_q8_family_vnni_avx512 = {
     .act_prep = q8_act_prep,
     .tls_bytes = q8_tls_bytes,
     .kern = q8_kernel,
+    .reads_vnni4 = 1,
 };

@@ -34,6 +34,7 @@ struct fm_drafter {
     fm_drafter_hparams hp;
     st_file *st;
     void *q8_data;   /* the Q8_0 copy the matrices point into after fm_drafter_quantize_q8_0, else NULL */
+    size_t q8_bytes; /* its size */
     void *q8_packed; /* the draft matrices' pre-packed rows after fm_drafter_pack_q8_0, else NULL */
     size_t q8_packed_bytes;
     const qwen3_model *target;

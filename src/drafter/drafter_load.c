@@ -33,7 +33,7 @@ static int bind_matrix(binder *b, const char *name, int64_t rows, int64_t cols, 
     if ((uintptr_t)t->data % (uintptr_t)fm_dtype_block_bytes(t->dtype))
         return fm_set_error(b->err, b->errlen, "%s: tensor '%s' data is not aligned to its element size",
                             st_path(b->st), name);
-    *m = (fm_matrix){t->dtype, t->shape[0], t->shape[1], t->data, NULL};
+    *m = (fm_matrix){t->dtype, t->shape[0], t->shape[1], t->data, NULL, FM_LAYOUT_ROWS};
     return 0;
 }
 

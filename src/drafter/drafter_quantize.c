@@ -62,7 +62,7 @@ int fm_drafter_quantize_q8_0(fm_drafter *d, fm_pool *pool, char *err, size_t err
         if (m[i]->cols > max_cols) max_cols = m[i]->cols;
     }
     int nt = pool ? fm_pool_size(pool) : 1;
-    char *buf = total ? malloc(total) : NULL;
+    char *buf = total ? aligned_alloc(64, (total + 63) & ~(size_t)63) : NULL; /* each matrix 64-aligned */
     float *rows = malloc((size_t)nt * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float));
     if ((total && !buf) || !rows) {
         free(m);
@@ -82,6 +82,7 @@ int fm_drafter_quantize_q8_0(fm_drafter *d, fm_pool *pool, char *err, size_t err
     free(rows);
     free(m);
     d->q8_data = buf;
+    d->q8_bytes = total;
     return 0;
 }
 
@@ -99,8 +100,25 @@ static int list_draft_matrices(fm_drafter *d, fm_matrix **m) {
     return n;
 }
 
+/* The matrices of the Q8_0 copy (writable, unlike a file's) that the VNNI kernel reads faster rearranged:
+ * rearranged in place (fm_matrix_repack_vnni4). */
+static int repack_copy(fm_drafter *d, fm_pool *pool) {
+    fm_matrix **m = malloc((size_t)(3 + 10 * d->hp.n_layers) * sizeof *m);
+    if (!m) return -1;
+    const int n = list_matrices(d, m);
+    const char *lo = d->q8_data, *hi = lo + d->q8_bytes;
+    for (int i = 0; i < n; i++) {
+        const char *p = m[i]->data;
+        if (lo && p >= lo && p < hi && fm_matrix_wants_vnni4(m[i]))
+            fm_matrix_repack_vnni4(pool, m[i], (void *)p);
+    }
+    free(m);
+    return 0;
+}
+
 int fm_drafter_pack_q8_0(fm_drafter *d, fm_pool *pool, char *err, size_t errlen) {
     if (d->q8_packed) return 0;
+    if (repack_copy(d, pool)) return fm_set_error(err, errlen, "drafter: out of memory");
     fm_matrix **m = malloc((size_t)(1 + 8 * d->hp.n_layers) * sizeof *m);
     if (!m) return fm_set_error(err, errlen, "drafter: out of memory");
     const int n = list_draft_matrices(d, m), T = d->hp.block;

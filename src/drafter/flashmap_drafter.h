@@ -77,10 +77,12 @@ int fm_drafter_draft(fm_drafter *d, fm_pool *pool, int32_t anchor, int pos, int 
  * int8 kernels: faster on CPUs, slightly different drafts (never a different output: the target verifies).
  * Idempotent; matrices already Q8_0, or whose width is not a multiple of 32, stay. pool may be NULL. */
 int fm_drafter_quantize_q8_0(fm_drafter *d, fm_pool *pool, char *err, size_t errlen);
-/* After fm_drafter_quantize_q8_0, for drafts on the CPU: keeps a pre-packed copy of the Q8_0 matrices a
- * draft multiplies by all `block` slots (fm_matrix_pack_q8_0), where the current ISA level's kernel for
- * such batches would otherwise pack them at every call (the AVX2 kernel: about twice their bytes more,
- * ~0.75 GB for FlashMap-Qwen3-4B); elsewhere nothing. Same drafts bit for bit. Idempotent. */
+/* After fm_drafter_quantize_q8_0, for drafts on the CPU: where the Q8_0 kernel is the AVX-512 VNNI one,
+ * rearranges the Q8_0 copy's matrices in place for it (fm_matrix_repack_vnni4; not with
+ * FLASHMAP_NO_REPACK=1); then keeps a pre-packed copy of the Q8_0 matrices a draft multiplies by all `block`
+ * slots (fm_matrix_pack_q8_0), where the current ISA level's kernel for such batches would otherwise pack
+ * them at every call (the AVX2 kernel: about twice their bytes more, ~0.75 GB for FlashMap-Qwen3-4B);
+ * elsewhere nothing. Same drafts bit for bit. Idempotent. */
 int fm_drafter_pack_q8_0(fm_drafter *d, fm_pool *pool, char *err, size_t errlen);
 /* The bytes fm_drafter_pack_q8_0 allocated (0: none). */
 size_t fm_drafter_packed_bytes(const fm_drafter *d);

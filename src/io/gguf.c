@@ -588,6 +588,10 @@ int gguf_make_resident(gguf_file *f, fm_pool *pool) {
     return fm_mmap_make_resident(&f->map, pool);
 }
 
+int gguf_set_writable(gguf_file *f, int writable) {
+    return fm_mmap_set_writable(&f->map, writable);
+}
+
 void gguf_close(gguf_file *f) {
     if (!f) return;
     for (int64_t i = 0; i < f->n_kv; i++) free(f->kv[i].str_offs);

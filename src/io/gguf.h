@@ -57,6 +57,8 @@ void gguf_close(gguf_file *f);
 /* Moves an opened file's image into anonymous huge pages at the same addresses (fm_mmap_make_resident);
  * 1 when done, 0 when it stays mapped from the file (always for gguf_open_memory). */
 int gguf_make_resident(gguf_file *f, fm_pool *pool);
+/* fm_mmap_set_writable on a resident image: 0, or -1 when it is not resident. */
+int gguf_set_writable(gguf_file *f, int writable);
 
 const char *gguf_path(const gguf_file *f);
 uint32_t gguf_version(const gguf_file *f);

@@ -89,6 +89,12 @@ int fm_mmap_make_resident(fm_mmap_file *m, fm_pool *pool) {
     return 1;
 }
 
+int fm_mmap_set_writable(fm_mmap_file *m, int writable) {
+    if (!m->resident) return -1;
+    const size_t len = (m->size + 4095) & ~(size_t)4095;
+    return mprotect(m->data, len, writable ? PROT_READ | PROT_WRITE : PROT_READ) == 0 ? 0 : -1;
+}
+
 int fm_mmap_open(const char *path, int willneed, fm_mmap_file *out, char *err, size_t errlen) {
     out->data = NULL;
     out->size = 0;

@@ -26,5 +26,8 @@ void fm_mmap_close(fm_mmap_file *m);
  * not (no THP, no memory, or an unaligned mapping): the file mapping then stays, which is always correct.
  * The pool's threads read in parallel (NULL: the caller alone). */
 int fm_mmap_make_resident(fm_mmap_file *m, fm_pool *pool);
+/* Makes a resident copy writable (1) or read-only again (0), for rearranging weights in place; the file is
+ * never written (the copy is anonymous memory). 0 on success, -1 when the mapping is not resident. */
+int fm_mmap_set_writable(fm_mmap_file *m, int writable);
 
 #endif

@@ -55,7 +55,7 @@ static int bind_vector(const gguf_file *f, const char *name, int64_t n, float **
                             gguf_path(f), name, t->ggml_type);
     float *v = malloc((size_t)n * sizeof *v);
     if (!v) return fm_set_error(err, errlen, "out of memory");
-    fm_matrix m = {t->dtype, 1, n, t->data, NULL};
+    fm_matrix m = {t->dtype, 1, n, t->data, NULL, FM_LAYOUT_ROWS};
     fm_matrix_row_f32(&m, 0, v);
     *out = v;
     return 0;
@@ -231,6 +231,43 @@ int qwen3_model_all_matrices(const qwen3_model *m, fm_dtype t) {
     return 1;
 }
 
+/* The matrices of layer l (l < n_layers), or the token table and the untied lm_head (l == n_layers), into
+ * list; their count. */
+static int layer_matrices(qwen3_model *m, int l, fm_matrix *list[7]) {
+    if (l == (int)m->hp.n_layers) {
+        list[0] = &m->tok_embd;
+        list[1] = &m->output;
+        return m->output.data == m->tok_embd.data ? 1 : 2;
+    }
+    qwen3_layer *L = &m->layers[l];
+    fm_matrix *per[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    memcpy(list, per, sizeof per);
+    return 7;
+}
+
+/* The resident copy's Q8_0 matrices into the VNNI kernel's layout (qwen3.h). The tied lm_head is the token
+ * table's struct copied: it shares the bytes, so it takes the table's layout instead of a second pass. */
+static void repack_for_cpu(qwen3_model *m, fm_pool *pool) {
+    fm_matrix *list[7];
+    int want = 0;
+    for (int l = 0; l <= (int)m->hp.n_layers && !want; l++)
+        for (int i = 0, n = layer_matrices(m, l, list); i < n; i++) want |= fm_matrix_wants_vnni4(list[i]);
+    if (!want || gguf_set_writable(m->gguf, 1) != 0) return;
+    for (int l = 0; l <= (int)m->hp.n_layers; l++)
+        for (int i = 0, n = layer_matrices(m, l, list); i < n; i++)
+            if (fm_matrix_wants_vnni4(list[i]) &&
+                fm_matrix_repack_vnni4(pool, list[i], (void *)list[i]->data) == 0)
+                m->n_repacked++;
+    if (m->output.data == m->tok_embd.data) m->output.layout = m->tok_embd.layout;
+    gguf_set_writable(m->gguf, 0);
+}
+
 int qwen3_model_make_resident(qwen3_model *m, fm_pool *pool) {
-    return gguf_make_resident(m->gguf, pool);
+    if (!gguf_make_resident(m->gguf, pool)) return 0;
+    repack_for_cpu(m, pool);
+    return 1;
+}
+
+int qwen3_model_repacked(const qwen3_model *m) {
+    return m->n_repacked;
 }
