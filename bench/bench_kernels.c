@@ -142,22 +142,38 @@ int main(int argc, char **argv) {
             fill((fm_dtype)dt, data, bytes); /* the copies differ only in where they are */
             for (int c = 1; c < ncopies; c++) memcpy(data + bytes * (size_t)c, data, bytes);
             const int amx0 = fm_cpu_amx(), with_amx = amx0 && dt == FM_DTYPE_Q8_0;
-            for (int v = (int)best + with_amx; v >= FM_ISA_SCALAR; v--) {
-                const int lvl = v > (int)best ? (int)best : v, amx = v > (int)best;
+            /* Q8_0 where the engine would repack it (fm_matrix_wants_vnni4): once more in that layout. */
+            fm_matrix probe = {(fm_dtype)dt, rows, cols, data, NULL, FM_LAYOUT_ROWS};
+            char *data4 = NULL;
+            if (fm_matrix_wants_vnni4(&probe) &&
+                (data4 = aligned_alloc(64, (bytes * (size_t)ncopies + 63) & ~(size_t)63)) != NULL) {
+                memcpy(data4, data, bytes * (size_t)ncopies);
+                for (int c = 0; c < ncopies; c++) {
+                    fm_matrix wc = probe;
+                    wc.data = data4 + bytes * (size_t)c;
+                    fm_matrix_repack_vnni4(pool, &wc, data4 + bytes * (size_t)c);
+                }
+            }
+            const int with_v4 = data4 != NULL;
+            for (int v = (int)best + with_amx + with_v4; v >= FM_ISA_SCALAR; v--) {
+                const int v4 = with_v4 && v == (int)best + with_amx + 1;
+                const int lvl = v > (int)best ? (int)best : v, amx = !v4 && v > (int)best;
+                const char *src = v4 ? data4 : data;
                 fm_cpu_set_isa((fm_isa)lvl);
                 fm_cpu_set_amx(amx);
                 double t1 = 0;
                 for (int ti = 0; ti < nT; ti++) {
                     const int T = Ts[ti];
                     if (lvl == FM_ISA_SCALAR && T > max_scalar_T) continue;
-                    fm_matrix w = {(fm_dtype)dt, rows, cols, data, NULL};
+                    fm_matrix w = {(fm_dtype)dt, rows, cols,
+                                   src,          NULL, v4 ? FM_LAYOUT_Q8_VNNI4 : FM_LAYOUT_ROWS};
                     fm_matmul(pool, &w, x, T, y, NULL); /* warm-up: workspace, page faults */
                     enum { MAX_REPS = 1 << 16 };
                     static double times[MAX_REPS];
                     int reps = 0;
                     const double t0 = now_s();
                     do {
-                        w.data = data + bytes * (size_t)(reps % ncopies);
+                        w.data = src + bytes * (size_t)(reps % ncopies);
                         const double c0 = now_s();
                         fm_matmul(pool, &w, x, T, y, NULL);
                         times[reps++] = now_s() - c0;
@@ -171,7 +187,10 @@ int main(int argc, char **argv) {
                     char ratio[16] = "-";
                     if (t1 > 0) snprintf(ratio, sizeof ratio, "%.2f", t_best / t1);
                     char isa[24];
-                    snprintf(isa, sizeof isa, "%s%s", fm_isa_name((fm_isa)lvl), amx ? "+amx" : "");
+                    snprintf(isa, sizeof isa, "%s%s", fm_isa_name((fm_isa)lvl),
+                             amx  ? "+amx"
+                             : v4 ? "+v4"
+                                  : "");
                     printf("%-5s %-10s %-11s %4d %9.3f %9.3f %8.1f %9.1f %9.1f %7s\n",
                            fm_dtype_name((fm_dtype)dt), isa, shape, T, t_best * 1e3, t_med * 1e3,
                            (double)bytes / t_best * 1e-9, flop / t_best * 1e-9, flop / t_med * 1e-9, ratio);
@@ -180,6 +199,7 @@ int main(int argc, char **argv) {
             }
             fm_cpu_set_isa(best);
             fm_cpu_set_amx(amx0);
+            free(data4);
             free(data);
         }
     }
