@@ -245,13 +245,16 @@ static void q8_tile_any(const int8_t *wq, const float *wd, const fm_block_q8_0 *
 
 enum {
     V4_TT = 3, /* tokens per tile: 4 x 3 int32 sums, 4 x 3 f32 sums, 4 weight vectors, 1 activation */
-    V4_PREFETCH = 2048, /* bytes ahead of its reads that a tile streaming from memory prefetches */
+    /* Bytes ahead of its reads that a lone tile streaming from memory prefetches, into L2. Measured (one
+     * process, calls alternating with the rows' kernel, 1 token): 2 KB into L1 1.14-1.29x the rows' time,
+     * 8 KB into L2 1.03-1.21x, 32-96 KB into L2 0.85-1.07x; L1 prefetches beside those only cost. */
+    V4_PREFETCH = 64 << 10,
 };
 
 /* Rows 4u..4u+3 (unit, ng groups of FM_VNNI4_GROUP bytes) x TT tokens (1..3) from t0: per vector j, 4 weight
  * loads and TT activation loads feed 4 TT vpdpbusd, with no transposing (the repacking did it once); then per
- * (row, token) q8_tile's f32 step. Prefetches: with `near` each group's successor into L1 (a lone tile
- * streaming from memory), and a few lines of the stream pf into L2 per group. */
+ * (row, token) q8_tile's f32 step. Prefetches: with `near` (a lone tile streaming from memory) the bytes
+ * V4_PREFETCH ahead, and a few lines of the stream pf per group, both into L2. */
 FM_INLINE void v4_tile(const char *unit, int near, const fm_mm_act *a, int t0, const int TT,
                        float out[4][V4_TT], q8_prefetch *pf) {
     const int64_t ng = a->ng, xq_stride = ng * GROUP_BYTES, xs_stride = ng * G16;
@@ -265,9 +268,9 @@ FM_INLINE void v4_tile(const char *unit, int near, const fm_mm_act *a, int t0, c
         for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         const char *grp = unit + g * FM_VNNI4_GROUP;
-        if (near) /* one group ahead into L1 */
-            for (int i = 0; i < FM_VNNI4_GROUP / 64; i++)
-                _mm_prefetch(grp + V4_PREFETCH + 64 * i, _MM_HINT_T0);
+        if (near) /* the scales' two lines; the quants' 32 go with the loads below */
+            for (int i = 0; i < 2; i++)
+                _mm_prefetch(grp + V4_PREFETCH + 4 * FM_VNNI4_QUANTS + 64 * i, _MM_HINT_T1);
         for (int i = 0; i < pf->per_group && pf->p < pf->end; i++, pf->p += 64)
             _mm_prefetch(pf->p, _MM_HINT_T1);
         __m512i ia[4][V4_TT];
@@ -277,6 +280,8 @@ FM_INLINE void v4_tile(const char *unit, int near, const fm_mm_act *a, int t0, c
             for (int t = 0; t < TT; t++) ia[r][t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int j = 0; j < FM_Q8_VECS; j++) {
+            if (near) /* spread through the loads */
+                for (int i = 0; i < 4; i++) _mm_prefetch(grp + V4_PREFETCH + 256 * j + 64 * i, _MM_HINT_T1);
             __m512i w[4];
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) w[r] = _mm512_loadu_si512(grp + 256 * j + 64 * r);
@@ -311,7 +316,7 @@ FM_INLINE void v4_tile(const char *unit, int near, const fm_mm_act *a, int t0, c
 
 /* Rows [r0, r1) (whole units) of a repacked matrix: unit by unit, every 3-token tile over the unit's groups
  * (the first tile streams them from memory, the others find them in L1 / L2). With one tile (T <= 3) the
- * unit streams once, each group prefetching the next; with more, the next unit goes to L2 spread over all
+ * unit streams once, prefetching V4_PREFETCH ahead; with more, the next unit goes to L2 spread over all
  * of this unit's tiles, so memory keeps working while the later tiles compute (measured in one process,
  * alternating calls: 9 and 17 tokens 0.68-0.85x the time of the rows' kernels, against 0.99-1.10x when only
  * the first tile prefetched). */
