@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
         fm_drafter_load(dpath, m, NULL, 1024, &d, err, sizeof err) ||
         fm_drafter_quantize_q8_0(d, pool, err, sizeof err) || fm_drafter_pack_q8_0(d, pool, err, sizeof err))
         goto fail;
-    const int resident = qwen3_model_make_resident(m, pool, 1); /* as the engine with a drafter */
+    const int resident = qwen3_model_make_resident(m, pool);
     int n_cap;
     const int *cap = fm_drafter_target_layers(d, &n_cap);
     qwen3_state_params sp = {1024, 256, cap, n_cap};

@@ -118,10 +118,9 @@ int fm_engine_load(const fm_engine_params *p, fm_engine **out, char *err, size_t
     if (choose_device(e, p->device, err, errlen)) goto fail;
     if (e->use_cuda && p->prefill_chunk <= 0) e->prefill_chunk = DEFAULT_PREFILL_CHUNK_CUDA;
     if (e->drafter && prepare_drafter_weights(e, p->drafter_weights, err, errlen)) goto fail;
-    /* The CPU streams every weight per step: keep them in huge pages, never paged out between steps; with a
-     * drafter, in the layout the batches of speculation read fastest (qwen3.h). */
-    if (!e->use_cuda && !p->keep_mmap)
-        e->weights_resident = qwen3_model_make_resident(e->model, e->pool, e->drafter != NULL);
+    /* The CPU streams every weight per step: keep them in huge pages, never paged out between steps (and in
+     * the layout its kernel reads fastest, qwen3.h). */
+    if (!e->use_cuda && !p->keep_mmap) e->weights_resident = qwen3_model_make_resident(e->model, e->pool);
     fm_engine_load_tokenizer(e);
     *out = e;
     return 0;

@@ -246,9 +246,10 @@ static void q8_tile_any(const int8_t *wq, const float *wd, const fm_block_q8_0 *
 enum {
     V4_TT = 3, /* tokens per tile: 4 x 3 int32 sums, 4 x 3 f32 sums, 4 weight vectors, 1 activation */
     /* Bytes ahead of its reads that a lone tile streaming from memory prefetches, into L2. Measured (one
-     * process, calls alternating with the rows' kernel, 1 token): 2 KB into L1 1.14-1.29x the rows' time,
-     * 8 KB into L2 1.03-1.21x, 32-96 KB into L2 0.85-1.07x; L1 prefetches beside those only cost. */
-    V4_PREFETCH = 64 << 10,
+     * process, calls alternating with the rows' kernel, 1 token, weights in 2 MiB pages as the engine keeps
+     * them): 2 KB into L2 0.93-0.98x the rows' time, none 1.00-1.04x, 64 KB 1.06-1.11x, 2 KB into L1
+     * 1.00-1.26x. (In 4 KiB pages, where the hardware prefetchers stop at every page, 32-96 KB did best.) */
+    V4_PREFETCH = 2048,
 };
 
 /* Rows 4u..4u+3 (unit, ng groups of FM_VNNI4_GROUP bytes) x TT tokens (1..3) from t0: per vector j, 4 weight

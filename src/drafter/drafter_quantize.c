@@ -8,6 +8,7 @@
  * does. fm_drafter_pack_q8_0 then keeps the rows a draft's batches read also pre-packed for the CPU kernel
  * that would otherwise widen them at every call (matmul.h, fm_matrix_pack_q8_0). */
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "core/error.h"
 #include "drafter/drafter_internal.h"
@@ -62,7 +63,12 @@ int fm_drafter_quantize_q8_0(fm_drafter *d, fm_pool *pool, char *err, size_t err
         if (m[i]->cols > max_cols) max_cols = m[i]->cols;
     }
     int nt = pool ? fm_pool_size(pool) : 1;
-    char *buf = total ? aligned_alloc(64, (total + 63) & ~(size_t)63) : NULL; /* each matrix 64-aligned */
+    /* 2 MiB-aligned and advised into huge pages: a draft streams all of it, as a step streams the target's
+     * weights (io/mmap_file.c). The matrices follow each other: where their sizes are multiples of 64 bytes
+     * (the VNNI layout's shapes), each starts 64-byte aligned for its vector loads. */
+    const size_t bytes = (total + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+    char *buf = total ? aligned_alloc((size_t)2 << 20, bytes) : NULL;
+    if (buf) (void)madvise(buf, bytes, MADV_HUGEPAGE); /* advisory: failure is harmless */
     float *rows = malloc((size_t)nt * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float));
     if ((total && !buf) || !rows) {
         free(m);

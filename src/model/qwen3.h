@@ -56,12 +56,10 @@ uint64_t qwen3_model_weight_bytes(const qwen3_model *m);
  * by '+' into buf ("q8_0", "q4_k+q6_k"); and whether every matrix is of type t. */
 void qwen3_model_weight_types(const qwen3_model *m, char *buf, size_t len);
 int qwen3_model_all_matrices(const qwen3_model *m, fm_dtype t);
-/* For CPU decoding: the weights move into anonymous huge pages (gguf_make_resident); 1 when done. Then, with
- * `repack` and where the CPU's Q8_0 kernel is the AVX-512 VNNI one, its Q8_0 matrices are rearranged in that
- * copy for it (fm_matrix_repack_vnni4; the products stay bit for bit the same; FLASHMAP_NO_REPACK=1 turns it
- * off): multi-token products (verify blocks, prefill) get faster, one-token steps measured up to ~10 %
- * slower, so the engine asks for it when it has a drafter (bench/RESULTS.md). */
-int qwen3_model_make_resident(qwen3_model *m, fm_pool *pool, int repack);
+/* For CPU decoding: the weights move into anonymous huge pages (gguf_make_resident); 1 when done. Then, where
+ * the CPU's Q8_0 kernel is the AVX-512 VNNI one, its Q8_0 matrices are rearranged in that copy for it
+ * (fm_matrix_repack_vnni4; the products stay bit for bit the same; FLASHMAP_NO_REPACK=1 turns it off). */
+int qwen3_model_make_resident(qwen3_model *m, fm_pool *pool);
 /* How many matrices qwen3_model_make_resident rearranged (the tied token table counts once). */
 int qwen3_model_repacked(const qwen3_model *m);
 

@@ -262,9 +262,9 @@ static void repack_for_cpu(qwen3_model *m, fm_pool *pool) {
     gguf_set_writable(m->gguf, 0);
 }
 
-int qwen3_model_make_resident(qwen3_model *m, fm_pool *pool, int repack) {
+int qwen3_model_make_resident(qwen3_model *m, fm_pool *pool) {
     if (!gguf_make_resident(m->gguf, pool)) return 0;
-    if (repack) repack_for_cpu(m, pool);
+    repack_for_cpu(m, pool);
     return 1;
 }
 
