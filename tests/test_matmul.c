@@ -549,8 +549,43 @@ static void check_packed_layout(const fm_matrix *w, const int8_t *p) {
               (long long)w->cols, bad);
 }
 
-static void test_prepacked(int64_t rows, int64_t cols, fm_pool *pool) {
+/* Products of wp (the same matrix as w in another layout) equal w's bit for bit at every level, for T in
+ * 1..18 and some up to 40, with and without the pool, with a bias, and in fm_matmul_multi beside w. */
+static void check_same_products(const char *what, const fm_matrix *w, const fm_matrix *wp, fm_pool *pool) {
     enum { TMAX = 40 };
+    const int64_t rows = w->rows, cols = w->cols;
+    float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
+    float *bias = malloc(sizeof(float) * (size_t)rows);
+    float *ya = malloc(sizeof(float) * (size_t)(TMAX * rows)),
+          *yb = malloc(sizeof(float) * (size_t)(TMAX * rows));
+    for (int64_t i = 0; i < TMAX * cols; i++) x[i] = rng_uniform() * 3.0f;
+    for (int64_t r = 0; r < rows; r++) bias[r] = rng_uniform();
+    for (int v = 0; v < n_variants(); v++) {
+        const char *vname = set_variant(v);
+        for (int T = 1; T <= TMAX; T += T < 18 ? 1 : 7) {
+            const int use_pool = T % 2;
+            for (int64_t i = 0; i < T * rows; i++) ya[i] = yb[i] = NAN;
+            fm_matmul(use_pool ? pool : NULL, w, x, T, ya, bias);
+            fm_matmul(use_pool ? pool : NULL, wp, x, T, yb, bias);
+            CHECK_MSG(memcmp(ya, yb, sizeof(float) * (size_t)(T * rows)) == 0,
+                      "%s %s %lldx%lld T=%d pool=%d: results differ from the matrix in rows", what, vname,
+                      (long long)rows, (long long)cols, T, use_pool);
+            const fm_matrix *pair[2] = {wp, w};
+            float *ys[2] = {yb, ya};
+            fm_matmul_multi(pool, pair, 2, x, T, ys);
+            CHECK_MSG(memcmp(ya, yb, sizeof(float) * (size_t)(T * rows)) == 0,
+                      "%s %s %lldx%lld T=%d: fm_matmul_multi results differ", what, vname, (long long)rows,
+                      (long long)cols, T);
+        }
+    }
+    reset_variant();
+    free(x);
+    free(bias);
+    free(ya);
+    free(yb);
+}
+
+static void test_prepacked(int64_t rows, int64_t cols, fm_pool *pool) {
     if (fm_cpu_isa_best() < FM_ISA_AVX2) {
         printf("test_matmul: skipping pre-packed Q8_0 rows: no AVX2\n");
         return;
@@ -568,37 +603,9 @@ static void test_prepacked(int64_t rows, int64_t cols, fm_pool *pool) {
     CHECK(wp.packed == buf && wp.data == w.data);
     check_packed_layout(&w, buf);
     reset_variant();
-    float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
-    float *bias = malloc(sizeof(float) * (size_t)rows);
-    float *ya = malloc(sizeof(float) * (size_t)(TMAX * rows)),
-          *yb = malloc(sizeof(float) * (size_t)(TMAX * rows));
-    for (int64_t i = 0; i < TMAX * cols; i++) x[i] = rng_uniform() * 3.0f;
-    for (int64_t r = 0; r < rows; r++) bias[r] = rng_uniform();
-    for (int v = 0; v < n_variants(); v++) {
-        const char *vname = set_variant(v);
-        for (int T = 1; T <= TMAX; T += T < 8 ? 7 : T < 18 ? 1 : 11) {
-            const int use_pool = T % 2;
-            for (int64_t i = 0; i < T * rows; i++) ya[i] = yb[i] = NAN;
-            fm_matmul(use_pool ? pool : NULL, &w, x, T, ya, bias);
-            fm_matmul(use_pool ? pool : NULL, &wp, x, T, yb, bias);
-            CHECK_MSG(memcmp(ya, yb, sizeof(float) * (size_t)(T * rows)) == 0,
-                      "pre-packed %s %lldx%lld T=%d pool=%d: results differ from the unpacked matrix", vname,
-                      (long long)rows, (long long)cols, T, use_pool);
-            const fm_matrix *pair[2] = {&wp, &w};
-            float *ys[2] = {yb, ya};
-            fm_matmul_multi(pool, pair, 2, x, T, ys);
-            CHECK_MSG(memcmp(ya, yb, sizeof(float) * (size_t)(T * rows)) == 0,
-                      "pre-packed %s %lldx%lld T=%d: fm_matmul_multi results differ", vname, (long long)rows,
-                      (long long)cols, T);
-        }
-    }
-    reset_variant();
+    check_same_products("pre-packed", &w, &wp, pool);
     free(buf);
     free((void *)w.data);
-    free(x);
-    free(bias);
-    free(ya);
-    free(yb);
 }
 
 /* The in-place VNNI layout (fm_matrix_repack_vnni4): its bytes are the documented layout (every block reads
@@ -607,7 +614,6 @@ static void test_prepacked(int64_t rows, int64_t cols, fm_pool *pool) {
  * bit for bit at every level (the VNNI kernel reads it; other levels go through a copy in rows), for T in
  * 1..40, with and without the pool, with a bias and in fm_matmul_multi beside a matrix still in rows. */
 static void test_vnni4(int64_t rows, int64_t cols, fm_pool *pool) {
-    enum { TMAX = 40 };
     const int64_t nb = cols / 32;
     fm_matrix w = {FM_DTYPE_Q8_0, rows, cols, make_weights(FM_DTYPE_Q8_0, rows, cols), NULL, FM_LAYOUT_ROWS};
     const size_t bytes = (size_t)rows * (size_t)nb * sizeof(fm_block_q8_0);
@@ -644,31 +650,7 @@ static void test_vnni4(int64_t rows, int64_t cols, fm_pool *pool) {
     CHECK(memcmp(fa, fb, sizeof(float) * (size_t)cols) == 0);
     free(fa);
     free(fb);
-    float *x = malloc(sizeof(float) * (size_t)(TMAX * cols));
-    float *bias = malloc(sizeof(float) * (size_t)rows);
-    float *ya = malloc(sizeof(float) * (size_t)(TMAX * rows)),
-          *yb = malloc(sizeof(float) * (size_t)(TMAX * rows));
-    for (int64_t i = 0; i < TMAX * cols; i++) x[i] = rng_uniform() * 3.0f;
-    for (int64_t r = 0; r < rows; r++) bias[r] = rng_uniform();
-    for (int v = 0; v < n_variants(); v++) {
-        const char *vname = set_variant(v);
-        for (int T = 1; T <= TMAX; T += T < 19 ? 1 : 7) {
-            const int use_pool = T % 2;
-            for (int64_t i = 0; i < T * rows; i++) ya[i] = yb[i] = NAN;
-            fm_matmul(use_pool ? pool : NULL, &w, x, T, ya, bias);
-            fm_matmul(use_pool ? pool : NULL, &wp, x, T, yb, bias);
-            CHECK_MSG(memcmp(ya, yb, sizeof(float) * (size_t)(T * rows)) == 0,
-                      "vnni4 %s %lldx%lld T=%d pool=%d: results differ from the rows'", vname,
-                      (long long)rows, (long long)cols, T, use_pool);
-            const fm_matrix *pair[2] = {&wp, &w};
-            float *ys[2] = {yb, ya};
-            fm_matmul_multi(pool, pair, 2, x, T, ys);
-            CHECK_MSG(memcmp(ya, yb, sizeof(float) * (size_t)(T * rows)) == 0,
-                      "vnni4 %s %lldx%lld T=%d: fm_matmul_multi results differ", vname, (long long)rows,
-                      (long long)cols, T);
-        }
-    }
-    reset_variant();
+    check_same_products("vnni4", &w, &wp, pool);
     /* Shapes the layout cannot hold are refused and left as they were. */
     fm_matrix odd = w;
     odd.rows = rows - 1;
@@ -681,10 +663,6 @@ static void test_vnni4(int64_t rows, int64_t cols, fm_pool *pool) {
     CHECK(!fm_matrix_wants_vnni4(&wp)); /* already repacked */
     free(copy);
     free((void *)w.data);
-    free(x);
-    free(bias);
-    free(ya);
-    free(yb);
 }
 
 int main(void) {
