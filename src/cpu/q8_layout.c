@@ -1,6 +1,7 @@
 /* q8_layout.c: the Q8_0 matrices' in-place VNNI layout (FM_LAYOUT_Q8_VNNI4, matmul.h): the repacking and
  * the reading of single blocks back out of it (token-table lookups, the slow paths of other ISA levels).
  * Plain C: the layout must be the same bytes whichever CPU wrote it. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,8 +52,12 @@ static void repack_units(void *p, int64_t begin, int64_t end, int thread) {
                 for (int l = 0; l < FM_VNNI4_BLOCKS; l++) {
                     const fm_block_q8_0 *blk = &rows[r * nb + g * FM_VNNI4_BLOCKS + l];
                     memcpy(dst + scale_at(r, l), &blk->d, sizeof blk->d);
-                    for (int k = 0; k < FM_QK8_0; k++)
-                        dst[quant_at(r, l, k)] = (unsigned char)((unsigned char)blk->qs[k] ^ 0x80);
+                    for (int k = 0; k < FM_QK8_0; k += 4) { /* 4 bytes a lane */
+                        uint32_t word;
+                        memcpy(&word, blk->qs + k, 4);
+                        word ^= 0x80808080u;
+                        memcpy(dst + quant_at(r, l, k), &word, 4);
+                    }
                 }
     }
 }
