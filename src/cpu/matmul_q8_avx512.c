@@ -4,7 +4,10 @@
  * so weights are read as w + 128 (unsigned), activations stay signed, and 128 * sum(x) per block (computed
  * once per token) is subtracted: one instruction per 64 bytes of products, no sign or widening step.
  *
- * Three ways through the rows, by batch size T (thresholds measured on an Emerald Rapids Xeon, 2 threads):
+ * A matrix the engine repacked (FM_LAYOUT_Q8_VNNI4, matmul.h; where this kernel is the CPU's Q8_0 kernel and
+ * AMX is not) takes one path for every T: 4-row x 3-token tiles over the prepared groups (v4_rows). Matrices
+ * in the file's rows (other shapes, FLASHMAP_NO_REPACK=1, and where AMX takes batches) take one of three ways
+ * through the rows, by batch size T (thresholds measured on an Emerald Rapids Xeon, 2 threads):
  * - direct (T <= 8: decode steps, verify(7)): each row interleaved in registers as it streams in, one tile of
  *   1 row x T tokens;
  * - row pairs (T = 9..12, and up to 24 for rows of 8192+ columns: verify blocks, the drafter's 16 slots): two
