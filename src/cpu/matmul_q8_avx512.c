@@ -334,8 +334,10 @@ static void v4_rows(const fm_matrix *w, const fm_mm_act *a, float *y, const floa
         q8_prefetch pf = {unit + unit_bytes, unit + 2 * unit_bytes, 0};
         if (pf.end > end) pf.end = end;
         pf.per_group = near ? 0 : (FM_VNNI4_GROUP / 64 + tiles - 1) / tiles;
-        for (int t0 = 0; t0 < a->T; t0 += V4_TT) {
-            const int tt = a->T - t0 < V4_TT ? a->T - t0 : V4_TT;
+        for (int t0 = 0, tt = 0; t0 < a->T; t0 += tt) {
+            /* a remainder of 4 goes as 2 + 2, not 3 + 1: as many passes, and each weight load feeds two
+             * tokens (16-slot drafts: 0.97-0.99x the time, alternating calls) */
+            tt = a->T - t0 == 4 ? 2 : a->T - t0 < V4_TT ? a->T - t0 : V4_TT;
             float out[4][V4_TT];
             if (tt == 3)
                 v4_tile(unit, near, a, t0, 3, out, &pf);
