@@ -69,17 +69,12 @@ void fm_mm_bf16_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const f
 void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                        int64_t r1, void *tls);
 void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);
-/* Q4_0 / Q5_0 weights x the block-major Q8_0 activations a->xq (quant_legacy.h). */
-void fm_mm_q4_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1, void *tls);
-void fm_mm_q5_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1, void *tls);
-void fm_mm_q4_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1, void *tls);
-void fm_mm_q5_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1, void *tls);
-void fm_mm_q6_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1, void *tls);
+/* Q4_0 / Q5_0 weights (either; w->dtype tells) x the block-major Q8_0 activations a->xq (quant_legacy.h). */
+void fm_mm_legacy_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                         int64_t r1, void *tls);
+/* Q4_K / Q5_K / Q6_K weights x the Q8_K activations a->xk, each super-block's term from fm_k_block_dot. */
+void fm_mm_k_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                    int64_t r1, void *tls);
 
 /* Compiled with AVX2+FMA+F16C; call only when fm_cpu_isa() >= FM_ISA_AVX2. */
 void fm_mm_f32_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
@@ -96,11 +91,9 @@ void fm_mm_q5_K_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const flo
                      int64_t r1, void *tls);
 void fm_mm_q6_K_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
                      int64_t r1, void *tls);
-/* Q4_0 / Q5_0 x block-major Q8_0 activations (matmul_legacy_avx2.c); bit-identical to the scalar kernels. */
-void fm_mm_q4_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                     int64_t r1, void *tls);
-void fm_mm_q5_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                     int64_t r1, void *tls);
+/* Q4_0 / Q5_0 x block-major Q8_0 activations (matmul_legacy_avx2.c); bit-identical to the scalar kernel. */
+void fm_mm_legacy_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls);
 /* fm_quant_q8_K_ref (cpu/quant_k.h), the same bytes for every input, NaN and infinities included. */
 void fm_quant_q8_K_avx2(const float *x, fm_block_q8_K *y, int64_t n);
 void fm_quant_q8_0_avx2(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride);

@@ -44,8 +44,9 @@ static inline int32_t dot32(__m256i w, const int8_t *x) {
     return _mm_cvtsi128_si32(s);
 }
 
-static void mm_legacy_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                           int64_t r1) {
+void fm_mm_legacy_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                       int64_t r1, void *tls) {
+    (void)tls;
     enum { TILE = 8 };
     const int64_t nb = w->cols / FM_QK8_0;
     const size_t row_bytes = fm_dtype_row_bytes(w->dtype, w->cols);
@@ -77,16 +78,4 @@ static void mm_legacy_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, con
             for (int i = 0; i < nt; i++) fm_mm_store(w, y, bias, r, t0 + i, s[i]);
         }
     }
-}
-
-void fm_mm_q4_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                     int64_t r1, void *tls) {
-    (void)tls;
-    mm_legacy_avx2(w, a, y, bias, r0, r1);
-}
-
-void fm_mm_q5_0_avx2(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                     int64_t r1, void *tls) {
-    (void)tls;
-    mm_legacy_avx2(w, a, y, bias, r0, r1);
 }

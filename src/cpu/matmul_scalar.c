@@ -81,8 +81,9 @@ void fm_mm_q8_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const f
 /* Q4_0 / Q5_0 weights x block-major Q8_0 activations. Tokens go in tiles of 8 so that a block's weights are
  * unpacked once per tile; each (row, token) still adds its blocks in order with the Q8_0 kernel's f32 step,
  * so the tiling does not change any result. */
-static void mm_legacy_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                             int64_t r1) {
+void fm_mm_legacy_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                         int64_t r1, void *tls) {
+    (void)tls;
     enum { TILE = 8 };
     const int64_t nb = w->cols / FM_QK8_0;
     const size_t row_bytes = fm_dtype_row_bytes(w->dtype, w->cols),
@@ -107,18 +108,6 @@ static void mm_legacy_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, c
     }
 }
 
-void fm_mm_q4_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1, void *tls) {
-    (void)tls;
-    mm_legacy_scalar(w, a, y, bias, r0, r1);
-}
-
-void fm_mm_q5_0_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1, void *tls) {
-    (void)tls;
-    mm_legacy_scalar(w, a, y, bias, r0, r1);
-}
-
 /* ggml's quantize_row_q8_0_ref, formula for formula. */
 void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n, int64_t stride) {
     const int64_t nb = n / FM_QK8_0;
@@ -138,9 +127,10 @@ void fm_quant_q8_0_scalar(const float *x, fm_block_q8_0 *y, float *d, int64_t n,
     }
 }
 
-/* The K-quant kernels: one per type, each super-block's term from quant_k.c (fm_k_block_dot). */
-static void mm_k_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                        int64_t r1) {
+/* The K-quant kernel (Q4_K, Q5_K, Q6_K alike): each super-block's term from quant_k.c (fm_k_block_dot). */
+void fm_mm_k_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
+                    int64_t r1, void *tls) {
+    (void)tls;
     const int64_t nb = w->cols / FM_QK_K;
     const size_t bb = (size_t)fm_dtype_block_bytes(w->dtype);
     for (int64_t r = r0; r < r1; r++) {
@@ -152,22 +142,4 @@ static void mm_k_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const 
             y[(int64_t)t * w->rows + r] = s + out_bias(bias, r);
         }
     }
-}
-
-void fm_mm_q4_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1, void *tls) {
-    (void)tls;
-    mm_k_scalar(w, a, y, bias, r0, r1);
-}
-
-void fm_mm_q5_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1, void *tls) {
-    (void)tls;
-    mm_k_scalar(w, a, y, bias, r0, r1);
-}
-
-void fm_mm_q6_K_scalar(const fm_matrix *w, const fm_mm_act *a, float *y, const float *bias, int64_t r0,
-                       int64_t r1, void *tls) {
-    (void)tls;
-    mm_k_scalar(w, a, y, bias, r0, r1);
 }
