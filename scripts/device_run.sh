@@ -63,7 +63,7 @@ for step in "$@"; do
     # long prompts: the same benchmark after LONG_PROMPTS tokens (default 4096 and 16384), 128 new tokens
     long) for np in ${LONG_PROMPTS:-4096 16384}; do
             timeout "$lim" "$B/bench_cuda" "$WORK" "$np" 128 2>&1 | tee "$OUT/bench_$np.log" | grep "RESULT" \
-              | grep -v "adaptive widths"; done ;;
+              | grep -v "widths at"; done ;;
     # the step's products in one persistent launch against a graph of launches (cuda_q8_persist.cu)
     persist) FM_BENCH_PERSIST=1 timeout "$lim" "$B/bench_cuda" "$WORK" 2>&1 | grep "RESULT" \
                | tee "$OUT/persist.log" ;;

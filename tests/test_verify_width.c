@@ -136,8 +136,72 @@ static void test_choice(void) {
     CHECK(fm_width_choose(&m, 5, 7) == 5);
 }
 
+/* A row granule (a GPU's 8-row tiles): sizes of one class cost alike; an untimed class lies on the line
+ * between its neighbours' facing sizes, so a 16-row block (two tiles) is tried between 8 and 17 rows. */
+static void test_granule(void) {
+    fm_width_model m;
+    fm_width_reset(&m);
+    CHECK(m.granule == 1);
+    fm_width_set_granule(&m, 8);
+    CHECK(m.granule == 8);
+    fm_width_observe_step(&m, 20);           /* T = 1 */
+    fm_width_observe_round(&m, 7, 3, 4, 25); /* T = 8 */
+    /* One class timed: the sizes' line reaches past it (so that larger blocks get explored). */
+    CHECK_NEAR(fm_width_cost_ms(&m, 4), 20 + 3 * 5.0 / 7, 1e-9);
+    CHECK_NEAR(fm_width_cost_ms(&m, 16), 25 + 8 * 5.0 / 7, 1e-9);
+    fm_width_observe_round(&m, 16, 3, 4, 40); /* T = 17, class 2 */
+    CHECK_NEAR(fm_width_cost_ms(&m, 17), 40, 1e-9);
+    CHECK_NEAR(fm_width_cost_ms(&m, 9), 32.5, 1e-9); /* class 1: halfway between 8's 25 and 17's 40 */
+    CHECK_NEAR(fm_width_cost_ms(&m, 16), 32.5, 1e-9);
+    CHECK_NEAR(fm_width_cost_ms(&m, 4), 20 + 3 * 5.0 / 7, 1e-9); /* within class 0: between 1 and 8 */
+    fm_width_model one = m;
+    fm_width_set_granule(&one, 1); /* the same timings without classes: the line through 8 and 17 */
+    CHECK_NEAR(fm_width_cost_ms(&one, 16), 25 + 8 * 15.0 / 9, 1e-9);
+    fm_width_observe_round(&m, 15, 3, 4, 30); /* T = 16 timed: class 1 flat at its one timed size */
+    CHECK_NEAR(fm_width_cost_ms(&m, 9), 30, 1e-9);
+    CHECK_NEAR(fm_width_cost_ms(&m, 12), 30, 1e-9);
+    /* Two timed sizes of a class on one side of T: their line, also below them (a GPU's verify(2) is a
+     * little cheaper than its verify(4) and verify(8); flat, a loop at acceptance 0 never left 7 drafts). */
+    fm_width_model low;
+    fm_width_reset(&low);
+    fm_width_set_granule(&low, 8);
+    fm_width_observe_round(&low, 3, 0, 4, 22); /* T = 4 */
+    fm_width_observe_round(&low, 7, 0, 4, 26); /* T = 8 */
+    CHECK_NEAR(fm_width_cost_ms(&low, 2), 20, 1e-9);
+    CHECK_NEAR(fm_width_cost_ms(&low, 6), 24, 1e-9);
+
+    /* The choice: acceptance up to 15 of 16 (so slot 16 adds almost nothing), verify blocks costing 25 ms
+     * up to 8 rows, 30 up to 16 and 40 at 17. With the granule, 15 drafts (16 rows); without, the line
+     * through 8 and 17 hides that size's price. Each equals the brute-force optimum of its own model. */
+    fm_width_model g8;
+    fm_width_reset(&g8);
+    for (int i = 0; i < 64; i++) fm_width_observe_round(&g8, 16, 8 + i % 8, 4, 40); /* accepts 8..15 */
+    fm_width_observe_round(&g8, 7, 7, 4, 25);
+    fm_width_observe_step(&g8, 20);
+    fm_width_model g1 = g8;
+    fm_width_set_granule(&g8, 8);
+    const fm_width_model *models[2] = {&g8, &g1};
+    int chosen[2];
+    for (int i = 0; i < 2; i++) {
+        chosen[i] = fm_width_choose(models[i], 16, 7);
+        int best = 1;
+        double best_rate = 0;
+        for (int K = 1; K <= 16; K++) {
+            const double rate = fm_width_expected_tokens(models[i], K) /
+                                (fm_width_draft_ms(models[i], K) + fm_width_cost_ms(models[i], K + 1));
+            if (rate > best_rate) best_rate = rate, best = K;
+        }
+        CHECK_MSG(chosen[i] == best, "model %d chose %d, its optimum is %d", i, chosen[i], best);
+    }
+    CHECK_MSG(chosen[0] == 15, "with the granule: %d drafts", chosen[0]);
+    CHECK_MSG(chosen[1] != 15, "without it: %d drafts", chosen[1]);
+    fm_width_observe_round(&g8, 15, 15, 4, 30); /* once 16 rows are timed at their price, 15 stays */
+    CHECK(fm_width_choose(&g8, 16, 7) == 15);
+}
+
 int main(void) {
     test_estimates();
     test_choice();
+    test_granule();
     return fm_test_report("test_verify_width");
 }

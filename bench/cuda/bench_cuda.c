@@ -137,31 +137,39 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
     const double plain_tps = st.n_generated / st.decode_s;
     printf("RESULT [%s] e2e plain: %d tokens, %.1f tok/s\n", tag, st.n_generated, plain_tps);
     const double means[] = {0, 4, 6.5, 8};
-    const int verifies[] = {0, 7, 16}; /* 0: adaptive (7 drafts while acceptance is low, else the block) */
-    for (int vi = 0; vi < 3; vi++)
+    /* 0: adaptive (7 drafts while acceptance is low, else the block); -1: adaptive with costs modelled row
+     * by row (a row granule of 1, the model before the backend's granule of 8 reached it); 15: the most
+     * drafts whose verify block keeps to two 8-row tiles. */
+    const int verifies[] = {0, -1, 7, 15, 16};
+    for (int vi = 0; vi < 5; vi++)
         for (int mi = 0; mi < 4; mi++) {
             fm_generate_params ps;
             hx_params(&ps, NEW);
-            ps.speculative = 1, ps.verify = verifies[vi];
+            ps.speculative = 1, ps.verify = verifies[vi] > 0 ? verifies[vi] : 0;
+            fm_decode_backend GV = *G;
+            if (verifies[vi] < 0) GV.row_granule = 1;
             ps.sim_future = plain, ps.sim_future_len = n_plain, ps.sim_mean = means[mi], ps.sim_seed = 1;
             fm_round_trace trace[512]; /* rounds <= new tokens (256) */
             int n_trace = 0;
             ps.trace = trace, ps.trace_cap = 512, ps.n_trace = &n_trace;
             int32_t *ids = NULL;
             int n = 0;
-            if (e2e(G, prompt, NP, &ps, &ids, &n, &st, err, sizeof err))
+            if (e2e(&GV, prompt, NP, &ps, &ids, &n, &st, err, sizeof err))
                 return fprintf(stderr, "spec: %s\n", err), 1;
             const int same = n == n_plain && !memcmp(ids, plain, sizeof(int32_t) * n);
-            printf("RESULT [%s] e2e simulated acceptance %.1f, verify %-8s: %.1f tok/s = %.2f x plain; %d "
+            char label[32];
+            snprintf(label, sizeof label, "%d", verifies[vi]);
+            printf("RESULT [%s] e2e simulated acceptance %.1f, verify %-12s: %.1f tok/s = %.2f x plain; %d "
                    "rounds, %.2f accepted/round; ids %s plain\n",
                    tag, means[mi],
-                   verifies[vi] == 0   ? "adaptive"
-                   : verifies[vi] == 7 ? "7"
-                                       : "16",
+                   verifies[vi] == 0    ? "adaptive"
+                   : verifies[vi] == -1 ? "adaptive g=1"
+                                        : label,
                    st.n_generated / st.decode_s, st.n_generated / st.decode_s / plain_tps, st.rounds,
                    st.rounds ? (double)st.accepted / st.rounds : 0.0, same ? "==" : "!=");
-            if (verifies[vi] == 0) { /* which widths the adaptive rule chose, in round order */
-                printf("RESULT [%s]   adaptive widths at %.1f:", tag, means[mi]);
+            if (verifies[vi] <= 0) { /* which widths the adaptive rule chose, in round order */
+                printf("RESULT [%s]   adaptive%s widths at %.1f:", tag, verifies[vi] ? " g=1" : "",
+                       means[mi]);
                 for (int r = 0; r < n_trace; r++) printf(" %d", trace[r].verified);
                 printf("\n");
             }
@@ -392,7 +400,9 @@ int main(int argc, char **argv) {
             }
         G.rewind(G.ctx, NP);
     }
-    for (int T = 8; T <= 17; T += 9) {
+    static const int verify_rows[] = {8, 9, 16, 17}; /* each side of the second and third 8-row tile */
+    for (int vr = 0; vr < 4; vr++) {
+        const int T = verify_rows[vr];
         double v[20];
         for (int i = 0; i < 22; i++) {
             double a = hx_now();

@@ -16,9 +16,13 @@ typedef struct {
     void *ctx;
     int n_ctx; /* KV cache positions */
     int vocab;
-    int max_eval;          /* most tokens one eval may take */
-    int block;             /* drafter block size; 0 when there is no drafter */
-    int drafter_ctx;       /* drafter context positions; a round needs pos + block + 1 <= drafter_ctx */
+    int max_eval;    /* most tokens one eval may take */
+    int block;       /* drafter block size; 0 when there is no drafter */
+    int drafter_ctx; /* drafter context positions; a round needs pos + block + 1 <= drafter_ctx */
+    /* Rows an eval's cost goes up by in steps of: verify blocks of k g + 1 .. (k + 1) g rows cost about the
+     * same (a GPU's product kernels take tokens in tiles of 8). 0 or 1: cost grows row by row. The adaptive
+     * verify width models costs by it (verify_width.h). */
+    int row_granule;
     int (*pos)(void *ctx); /* tokens held in the KV cache */
     /* Runs ids[0..n) at positions pos .. pos+n-1. argmax == NULL: fill the cache only; else all_rows ? the
      * token of every row : of the last row only, into argmax[]: the argmax, or the draw of set_sampling's

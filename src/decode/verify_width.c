@@ -13,6 +13,11 @@ void fm_width_reset(fm_width_model *m) {
     for (int t = 0; t <= FM_MAX_BLOCK + 1; t++) m->cost_ms[t] = NAN;
     m->draft_ms = m->draft_k = NAN;
     m->s1 = m->sk = m->skk = m->sy = m->sky = 0;
+    m->granule = 1;
+}
+
+void fm_width_set_granule(fm_width_model *m, int granule) {
+    m->granule = granule > 1 ? granule : 1;
 }
 
 static void running(double *avg, double x) {
@@ -67,40 +72,70 @@ double fm_width_expected_tokens(const fm_width_model *m, int K) {
     return tokens;
 }
 
+/* c at T on the line through (a, ca) and (b, cb), a != b, never sloping down: a noisy pair where a larger
+ * block timed cheaper must not make a still larger one look cheaper still. */
+static double on_line(int a, double ca, int b, double cb, int T) {
+    double slope = (cb - ca) / (b - a);
+    if (slope < 0) slope = 0;
+    const double c = ca + slope * (T - a);
+    return c > 0 ? c : ca;
+}
+
+/* The timed sizes nearest T in [from, to], at or below T (*lo, then *lo2) and above it (*hi, *hi2); -1 where
+ * there is none. */
+static void nearest_timed(const double *cost, int T, int from, int to, int *lo, int *lo2, int *hi, int *hi2) {
+    *lo = *lo2 = *hi = *hi2 = -1;
+    for (int t = T < to ? T : to; t >= from && *lo2 < 0; t--)
+        if (!isnan(cost[t])) *(*lo < 0 ? lo : lo2) = t;
+    for (int t = T + 1 > from ? T + 1 : from; t <= to && *hi2 < 0; t++)
+        if (!isnan(cost[t])) *(*hi < 0 ? hi : hi2) = t;
+}
+
+/* The line through the nearest two timed sizes of [from, to]: between them, else the nearest two outside. */
+static double size_line(const double *cost, int T, int from, int to) {
+    int lo, lo2, hi, hi2;
+    nearest_timed(cost, T, from, to, &lo, &lo2, &hi, &hi2);
+    if (lo == T) return cost[T];
+    if (lo >= 0 && hi >= 0) return on_line(lo, cost[lo], hi, cost[hi], T);
+    if (lo2 >= 0) return on_line(lo2, cost[lo2], lo, cost[lo], T);
+    if (hi2 >= 0) return on_line(hi, cost[hi], hi2, cost[hi2], T);
+    return NAN;
+}
+
 double fm_width_cost_ms(const fm_width_model *m, int T) {
     const double *cost = m->cost_ms;
-    const int n_max = FM_MAX_BLOCK + 1;
-    /* The timed sizes nearest below and above T (two below or two above when T is outside them). */
-    int lo = -1, lo2 = -1, hi = -1, hi2 = -1;
-    for (int t = T; t >= 1 && lo2 < 0; t--)
-        if (!isnan(cost[t])) {
-            if (lo < 0)
-                lo = t;
-            else
-                lo2 = t;
-        }
-    for (int t = T + 1; t <= n_max && hi2 < 0; t++)
-        if (!isnan(cost[t])) {
-            if (hi < 0)
-                hi = t;
-            else
-                hi2 = t;
-        }
-    int a, b;
-    if (lo >= 0 && hi >= 0)
-        a = lo, b = hi;
-    else if (lo >= 0 && lo2 >= 0)
-        a = lo2, b = lo;
-    else if (hi >= 0 && hi2 >= 0)
-        a = hi, b = hi2;
-    else
-        return NAN;
-    if (a == T) return cost[T];
-    /* Never let a noisy pair make a larger block look cheaper than a smaller one. */
-    double slope = (cost[b] - cost[a]) / (b - a);
-    if (slope < 0) slope = 0;
-    const double c = cost[a] + slope * (T - a);
-    return c > 0 ? c : cost[a];
+    const int n_max = FM_MAX_BLOCK + 1, g = m->granule > 1 ? m->granule : 1;
+    if (T < 1 || T > n_max) return NAN;
+    if (!isnan(cost[T])) return cost[T];
+    const int k = (T - 1) / g, first = k * g + 1, last = first + g - 1 < n_max ? first + g - 1 : n_max;
+    if (g == 1) return size_line(cost, T, 1, n_max);
+    /* T's own class: the line through its timed sizes (nearest two), or the one's cost */
+    int lo, lo2, hi, hi2;
+    nearest_timed(cost, T, first, last, &lo, &lo2, &hi, &hi2);
+    if ((lo >= 0) + (lo2 >= 0) + (hi >= 0) + (hi2 >= 0) >= 2) return size_line(cost, T, first, last);
+    if (lo >= 0 || hi >= 0) return cost[lo >= 0 ? lo : hi];
+    /* Other classes: per class j its timed size facing T (the largest below T's class, the smallest above),
+     * a line in the class index. */
+    int face[2][2] = {{-1, -1}, {-1, -1}}; /* [below, above][nearest, next] sizes */
+    for (int j = k - 1, n = 0; j >= 0 && n < 2; j--) {
+        int a, b, c, d;
+        nearest_timed(cost, n_max, j * g + 1, j * g + g, &a, &b, &c, &d);
+        if (a >= 0) face[0][n++] = a;
+    }
+    for (int j = k + 1, n = 0; j * g + 1 <= n_max && n < 2; j++) {
+        int a, b, c, d;
+        nearest_timed(cost, 0, j * g + 1, j * g + g < n_max ? j * g + g : n_max, &a, &b, &c, &d);
+        if (c >= 0) face[1][n++] = c;
+    }
+#define CLASS(t) (((t)-1) / g)
+    if (face[0][0] >= 0 && face[1][0] >= 0)
+        return on_line(CLASS(face[0][0]), cost[face[0][0]], CLASS(face[1][0]), cost[face[1][0]], k);
+    if (face[0][1] >= 0)
+        return on_line(CLASS(face[0][1]), cost[face[0][1]], CLASS(face[0][0]), cost[face[0][0]], k);
+    if (face[1][1] >= 0)
+        return on_line(CLASS(face[1][0]), cost[face[1][0]], CLASS(face[1][1]), cost[face[1][1]], k);
+#undef CLASS
+    return size_line(cost, T, 1, n_max); /* one class timed: its sizes' line, which explores beyond it */
 }
 
 double fm_width_draft_ms(const fm_width_model *m, int K) {

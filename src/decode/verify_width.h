@@ -5,7 +5,9 @@
  * per millisecond of draft + verify: tokens(K) = 1 + sum_{i=1..K} P(slots 1..i all accepted),   K* = argmax
  * tokens(K) / (draft(K) + verify(K+1)). Slot i's acceptance is estimated from the rounds that reached it
  * (decayed counts, shrunk towards slot i-1's estimate, so slots never tested inherit their neighbour's);
- * verify costs are measured per block size and interpolated linearly; the draft cost is a line in K (a CPU
+ * verify costs are measured per block size and interpolated linearly, within the backend's row granule and
+ * across granules (a GPU's verify block costs about the same for 9 rows as for 16, its tiles being 8 rows,
+ * and jumps at 17: a line through 8 and 17 would never try 16); the draft cost is a line in K (a CPU
  * drafter skips the lm_head of the slots not verified, a GPU one drafts the whole block): its level a fast
  * running average of every round, its slope fitted over the last ~10 rounds, so that one slow draft (a graph
  * capture, a page fault) is forgotten whichever K comes next. Until two block sizes have been timed, the
@@ -23,9 +25,15 @@ typedef struct {
      * sums of 1, K, K^2, time and K * time (the slope's least-squares fit). */
     double draft_ms, draft_k;
     double s1, sk, skk, sy, sky;
+    /* Block sizes whose costs go together: sizes k g + 1 .. (k + 1) g form one class (fm_decode_backend's
+     * row_granule; 1 by default: every size its own). */
+    int granule;
 } fm_width_model;
 
+/* Forgets everything; the granule becomes 1. */
 void fm_width_reset(fm_width_model *m);
+/* Sets the row granule (values below 1 mean 1); the timings are kept. */
+void fm_width_set_granule(fm_width_model *m, int granule);
 /* A round verified K drafts and accepted `accepted` of them in draft_ms + verify_ms (draft_ms < 0: not a
  * representative draft time, e.g. it included catch-up work). */
 void fm_width_observe_round(fm_width_model *m, int K, int accepted, double draft_ms, double verify_ms);
@@ -36,8 +44,12 @@ void fm_width_observe_step(fm_width_model *m, double step_ms);
 double fm_width_slot_rate(const fm_width_model *m, int i);
 /* Expected tokens of a round verifying K drafts. */
 double fm_width_expected_tokens(const fm_width_model *m, int K);
-/* Verify time of a T-row block from the timed sizes (linear between them, the nearest two's line outside);
- * NaN when fewer than two sizes were timed. */
+/* Verify time of a T-row block from the timed sizes: in T's own class, the line through its nearest two
+ * timed sizes (between them, else the nearest two's line outside), or the cost of its one timed size; else a
+ * line in the class index through the nearest two classes with timed sizes (each taken at its timed size
+ * facing T); with only one such class, the line through the nearest two timed sizes. NaN when fewer than two
+ * sizes were timed. With a granule of 1 all three are the line through the nearest two timed sizes (between
+ * them, else the nearest two's line outside). */
 double fm_width_cost_ms(const fm_width_model *m, int T);
 /* Draft time of a round asking for K drafts: the level plus the fitted slope (never negative) times K's
  * distance from the average K; NaN before any round was timed. */
