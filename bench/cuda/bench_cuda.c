@@ -305,7 +305,8 @@ int main(int argc, char **argv) {
     if (getenv("FM_BENCH_PROFILE")) {
         /* For `ncu --profile-from-start off`: 1: a plain step, 2: a verify(17) block, 3: a draft (the Q8_0
          * drafter with FM_BENCH_Q8_DRAFTER set), 4: a prompt chunk of CHUNK rows after the prompt, 5: a
-         * verify(8) block, each once warm (graphs + PDL) and then inside the profiled range. */
+         * verify(8) block, 6: a verify(16) block, each once warm (graphs + PDL) and then inside the profiled
+         * range. */
         const int what = atoi(getenv("FM_BENCH_PROFILE"));
         for (int i = 0; i < 2; i++) {
             int32_t in = next, out[64];
@@ -313,6 +314,7 @@ int main(int argc, char **argv) {
             const int rc = what == 1   ? G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err)
                            : what == 2 ? G.eval(G.ctx, prompt + NP, 17, 1, am, err, sizeof err)
                            : what == 5 ? G.eval(G.ctx, prompt + NP, 8, 1, am, err, sizeof err)
+                           : what == 6 ? G.eval(G.ctx, prompt + NP, 16, 1, am, err, sizeof err)
                            : what == 4 ? G.eval(G.ctx, prompt, CHUNK, 0, NULL, err, sizeof err)
                                        : G.draft(G.ctx, next, NP, G.block, out, err, sizeof err);
             if (rc) return fprintf(stderr, "profile: %s\n", err), 1;
