@@ -5,7 +5,8 @@
  * GPU vs CPU, where a difference must be a near-tie (the top-2 gap on both sides under the Q8_0 tolerance,
  * reported); speculative == plain on the GPU for every verify mode, with and without simulated acceptance;
  * and, when WORKDIR holds bench_cuda's full-size target, a report of its logits and greedy ids against the
- * CPU's, next to the CPU's own difference between two instruction sets.
+ * CPU's, next to the CPU's own difference between two instruction sets, with checks that its prompt rows,
+ * steps and verify blocks agree bit for bit and that its sampled draws equal the host's.
  * usage: test_cuda_parity WORKDIR */
 #include <stdint.h>
 #include <stdlib.h>
@@ -730,6 +731,33 @@ static void full_size_report(const char *dir) {
         printf("INFO full-size rows %2d..%2d logits rel err to the CPU (%s): GPU %.2e, CPU (%s) %.2e\n", r0,
                r0 + 7, fm_isa_name(isa), rows_rel_err(gl, cl, V, r0, r0 + 8), fm_isa_name(other),
                rows_rel_err(c2, cl, V, r0, r0 + 8));
+    {
+        /* Bit for bit at full size, whose splits (fmc_split: K shares over warps and blocks) the tiny
+         * models do not have: the rows of the one NR-row chunk (the wide product kernel) against single
+         * steps and against verify blocks of 8, 16 and 17 rows after a prompt. */
+        float *row = malloc(sizeof(float) * 17 * V);
+        int steps = row != NULL, blocks = row != NULL;
+        G.reset(G.ctx);
+        for (int t = 0; t < NR && steps; t++) {
+            int32_t one;
+            steps = !G.eval(G.ctx, seq + t, 1, 0, &one, err, sizeof err) &&
+                    !fm_cuda_debug_logits(gb, row, 1) && !memcmp(row, gl + (size_t)t * V, sizeof(float) * V);
+        }
+        CHECK(steps, "full-size: %d single steps == the rows of one %d-row chunk, bit for bit (%s)", NR, NR,
+              err);
+        static const int Ts[] = {8, 16, 17};
+        for (int k = 0; k < 3 && blocks; k++) {
+            const int T = Ts[k], p0 = NP - 1;
+            G.reset(G.ctx);
+            blocks = !G.eval(G.ctx, seq, p0, 0, NULL, err, sizeof err) &&
+                     !G.eval(G.ctx, seq + p0, T, 1, am, err, sizeof err) &&
+                     !fm_cuda_debug_logits(gb, row, T) &&
+                     !memcmp(row, gl + (size_t)p0 * V, sizeof(float) * V * T);
+            CHECK(blocks, "full-size: verify(%d) rows == the rows of one %d-row chunk, bit for bit (%s)", T,
+                  NR, err);
+        }
+        free(row);
+    }
     {
         /* Sampling over the full vocabulary, every path of cuda_sample.cuh: the chunk draw (T 1.5), top-p
          * tiers (T 0.3), top-k tiers, and top-p on rows so flat that its tiers hold more than the GPU brings
