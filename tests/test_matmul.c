@@ -475,6 +475,27 @@ static void test_k_exact(fm_dtype dt, int64_t rows, int64_t cols, fm_pool *pool)
     free(bias);
 }
 
+/* fm_matrix_batch_granule: 8 exactly where a 9-token Q8_0 product takes the AMX kernel, 1 for other types and
+ * levels (the adaptive verify width reads it as the cost steps of verify blocks). */
+static void test_batch_granule(fm_pool *pool) {
+    const int64_t rows = 64, cols = 256;
+    fm_matrix q = {FM_DTYPE_Q8_0, rows, cols, make_weights(FM_DTYPE_Q8_0, rows, cols), NULL, FM_LAYOUT_ROWS};
+    fm_matrix f = {FM_DTYPE_F32, rows, cols, make_weights(FM_DTYPE_F32, rows, cols), NULL, FM_LAYOUT_ROWS};
+    float *x = malloc(sizeof(float) * 9 * cols), *y = malloc(sizeof(float) * 9 * rows);
+    for (int64_t i = 0; i < 9 * cols; i++) x[i] = rng_uniform();
+    for (int v = 0; v < n_variants(); v++) {
+        const char *vname = set_variant(v);
+        const unsigned long before = fm_mm_amx_calls();
+        fm_matmul(pool, &q, x, 9, y, NULL);
+        const int amx = fm_mm_amx_calls() > before, g = fm_matrix_batch_granule(&q);
+        CHECK_MSG(g == (amx ? 8 : 1), "%s: granule %d, the AMX kernel %s", vname, g,
+                  amx ? "ran" : "did not run");
+        CHECK(fm_matrix_batch_granule(&f) == 1);
+    }
+    reset_variant();
+    free(x), free(y), free((void *)q.data), free((void *)f.data);
+}
+
 /* fm_matmul_multi gives what separate fm_matmul calls give, bit for bit; mixed dtypes fall back to them. */
 static void test_multi(fm_pool *pool) {
     const int64_t cols = 288, rows[3] = {37, 8, 70};
@@ -705,6 +726,7 @@ int main(void) {
         test_k_exact((fm_dtype)dt, 7, 32, pool);
     }
     test_multi(pool);
+    test_batch_granule(pool);
     for (size_t s = 0; s < sizeof bi_shapes / sizeof *bi_shapes; s++)
         test_prepacked(bi_shapes[s][0], bi_shapes[s][1], pool);
     static const int64_t v4_shapes[][2] = {{4, 512}, {12, 2560}, {268, 1024}, {8, 9728}};

@@ -120,6 +120,11 @@ int fm_mm_have_amx(void) {
 #endif
 }
 
+int fm_matrix_batch_granule(const fm_matrix *w) {
+    const fm_mm_table tab = current_table();
+    return w->dtype == FM_DTYPE_Q8_0 && tab.q8_amx ? 8 : 1;
+}
+
 unsigned long fm_mm_amx_calls(void) {
     return atomic_load(&g_amx_calls);
 }

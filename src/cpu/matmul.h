@@ -70,6 +70,11 @@ int fm_matrix_wants_vnni4(const fm_matrix *w);
  * returned). Every fm_matmul of the matrix stays bit for bit what it was, at every ISA level (levels without
  * the VNNI kernel read it through a temporary copy in rows: slow, for tests). pool may be NULL. */
 int fm_matrix_repack_vnni4(fm_pool *pool, fm_matrix *w, void *bytes);
+/* Rows a batch's cost goes up by in steps of, for w at the current ISA level: 8 where Q8_0 batches of 9..16
+ * tokens take the AMX kernel (one 16-row tile; 9 and 16 tokens cost alike) and 17..24 the VNNI one again (on
+ * an Emerald Rapids Xeon, 2 threads, bench/RESULTS.md: verify blocks of 8 rows 1.50 steps, of 9 rows 1.84,
+ * of 17 rows 3.31), else 1 (cost grows row by row). The adaptive verify width models costs by it. */
+int fm_matrix_batch_granule(const fm_matrix *w);
 /* Block b of row `row` of a Q8_0 matrix in either layout, as the file stores it. */
 fm_block_q8_0 fm_matrix_q8_0_block(const fm_matrix *w, int64_t row, int64_t b);
 

@@ -221,6 +221,7 @@ fm_decode_backend fm_cpu_backend_ops(fm_cpu_backend *b) {
         .max_eval = b->max_eval,
         .block = b->drafter ? fm_drafter_block(b->drafter) : 0,
         .drafter_ctx = b->drafter ? fm_drafter_max_ctx(b->drafter) : 0,
+        .row_granule = fm_matrix_batch_granule(&b->model->layers[0].w_gate),
         .pos = cpu_pos,
         .eval = cpu_eval,
         .set_sampling = cpu_set_sampling,

@@ -20,8 +20,8 @@ typedef struct {
     int block;       /* drafter block size; 0 when there is no drafter */
     int drafter_ctx; /* drafter context positions; a round needs pos + block + 1 <= drafter_ctx */
     /* Rows an eval's cost goes up by in steps of: verify blocks of k g + 1 .. (k + 1) g rows cost about the
-     * same (a GPU's product kernels take tokens in tiles of 8). 0 or 1: cost grows row by row. The adaptive
-     * verify width models costs by it (verify_width.h). */
+     * same (a GPU's product kernels take tokens in tiles of 8; a CPU's AMX kernel 9..16 tokens in one tile).
+     * 0 or 1: cost grows row by row. The adaptive verify width models costs by it (verify_width.h). */
     int row_granule;
     int (*pos)(void *ctx); /* tokens held in the KV cache */
     /* Runs ids[0..n) at positions pos .. pos+n-1. argmax == NULL: fill the cache only; else all_rows ? the
