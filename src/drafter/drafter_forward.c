@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "cpu/attention.h"
+#include "cpu/ops.h"
 #include "drafter/drafter_internal.h"
 
 /* Attention scratch: fm_attention's for the context, [threads][block] scores for the slots' self-attention;
@@ -97,7 +98,7 @@ static void mlp(fm_drafter *d, fm_pool *pool, const fmd_layer *L, const fmd_mod 
     int K = hp->block;
     fmd_ln_mod_rows(d->x, m, K, hp->dim, hp->ln_eps, d->h);
     fm_matmul(pool, &L->fc1, d->h, K, d->u, L->fc1_b); /* [K][F] */
-    fmd_gelu(d->u, (int64_t)K * hp->ffn);
+    fmd_gelu(pool, d->u, (int64_t)K * hp->ffn);
     fm_matmul(pool, &L->fc2, d->u, K, d->y, L->fc2_b); /* [K][D] */
     fmd_gate_add(d->x, d->y, m->gate, K, hp->dim);
 }
@@ -141,6 +142,7 @@ int fm_drafter_draft(fm_drafter *d, fm_pool *pool, int32_t anchor, int pos, int 
     fmd_ln_mod_rows(d->x, &d->final_mod, n_out, D, hp->ln_eps, d->h);
     fm_matmul(pool, &d->head, d->h, n_out, d->head_out, d->head_b);   /* [n_out][H] */
     fm_matmul(pool, &t->output, d->head_out, n_out, d->logits, NULL); /* [n_out][vocab] */
-    for (int k = 0; k < n_out; k++) out[k] = fmd_argmax(d->logits + (size_t)k * t->hp.vocab, t->hp.vocab);
+    for (int k = 0; k < n_out; k++)
+        out[k] = (int32_t)fm_argmax(d->logits + (size_t)k * t->hp.vocab, t->hp.vocab);
     return 0;
 }

@@ -82,15 +82,13 @@ void fmd_head_norm_rope(float *x, const float *w, int T, int n_heads, int head_d
 void fmd_rope_rows(const float *inv_freq, int half, int pos0, int n, float *cos, float *sin);
 /* x[t][i] += gate[i] * y[t][i]. */
 void fmd_gate_add(float *x, const float *y, const float *gate, int T, int n);
-/* Exact GELU x * Phi(x) with erff, in place. */
-void fmd_gelu(float *x, int64_t n);
+/* Exact GELU x * Phi(x) with erff, in place, spread over the pool (NULL: the caller). */
+void fmd_gelu(fm_pool *pool, float *x, int64_t n);
 void fmd_silu(float *x, int64_t n);
 /* Attention without a mask: o[t][h] = softmax(q[t][h] . k[j][h] / sqrt(head_dim)) v[j][h] over j < L. K/V
  * are either f32 (kf/vf) rows of dim = n_heads * head_dim, or f16 (kh/vh) laid out [n_heads][rows][head_dim]
  * with `rows` rows a head. scores: [pool threads][L] for f32, fm_attention's scratch for f16. */
 void fmd_attention(fm_pool *pool, const float *q, int T, const float *kf, const float *vf, const uint16_t *kh,
                    const uint16_t *vh, int rows, int L, int n_heads, int head_dim, float *o, float *scores);
-/* Index of the largest value, ties to the lowest index. */
-int32_t fmd_argmax(const float *x, int64_t n);
 
 #endif

@@ -62,19 +62,20 @@ void fmd_gate_add(float *x, const float *y, const float *gate, int T, int n) {
         for (int i = 0; i < n; i++) x[(size_t)t * n + i] += gate[i] * y[(size_t)t * n + i];
 }
 
-void fmd_gelu(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+static void gelu_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    float *x = ctx;
+    for (int64_t i = begin; i < end; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+
+/* Spread over the pool: erff costs ~16 ns an element here, so the 16 x 8192 activations of a layer took
+ * 2.1 ms on one core (13 ms a draft, ~18 % of it on 2 cores, with the other core idle). */
+void fmd_gelu(fm_pool *pool, float *x, int64_t n) {
+    fm_pool_for(pool, n, 4096, gelu_range, x);
 }
 
 void fmd_silu(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
-}
-
-int32_t fmd_argmax(const float *x, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return (int32_t)best;
 }
 
 typedef struct {
