@@ -2,8 +2,10 @@
  * the decode loop relies on: argmax ties go to the lowest index and NaN never wins; softmax of large logits
  * does not overflow; rmsnorm works in place. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
+#include "cpu/cpu_features.h"
 #include "cpu/ops.h"
 #include "test_util.h"
 
@@ -46,6 +48,42 @@ static void test_argmax(void) {
     CHECK(fm_argmax(d, 1) == 0);
 }
 
+/* The definition: the first index of the largest non-NaN value (the scalar loop's answer), 0 when all NaN. */
+static int64_t argmax_ref(const float *x, int64_t n) {
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] == x[i] && (best < 0 || x[i] > x[best])) best = i;
+    return best < 0 ? 0 : best;
+}
+
+/* Every ISA level against the definition on rows of every length mod 8 with ties, +-0, infinities and NaNs
+ * (a value from a small set, so ties are common; the largest somewhere, often repeated, or nowhere). */
+static void test_argmax_levels(void) {
+    static const float pool[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, -INFINITY, INFINITY, NAN, 3.0f, -7.0f};
+    float x[300];
+    uint64_t r = 99;
+    int bad = 0, cases = 0;
+    for (int isa = FM_ISA_SCALAR; isa <= (int)fm_cpu_isa_best(); isa++) {
+        if (fm_cpu_set_isa((fm_isa)isa)) continue;
+        for (int n = 1; n <= 300; n += n < 40 ? 1 : 37)
+            for (int rep = 0; rep < 12; rep++) {
+                const int kinds = rep < 4 ? 5 : rep < 8 ? 8 : 10; /* finite only; + infinities; + NaN */
+                for (int i = 0; i < n; i++) {
+                    r = r * 6364136223846793005ull + 1442695040888963407ull;
+                    x[i] = rep % 4 == 3 ? NAN : pool[(r >> 33) % (uint64_t)kinds];
+                }
+                if (rep % 4 == 3 && n > 2) x[n / 2] = -1.0f; /* all NaN but one */
+                cases++;
+                bad += fm_argmax(x, n) != argmax_ref(x, n);
+            }
+    }
+    fm_cpu_set_isa(fm_cpu_isa_best());
+    CHECK_MSG(bad == 0, "argmax differs from the definition in %d of %d rows", bad, cases);
+    float all_nan[19];
+    for (int i = 0; i < 19; i++) all_nan[i] = NAN;
+    CHECK(fm_argmax(all_nan, 19) == 0);
+}
+
 static void test_softmax(void) {
     float x[4] = {1000.0f, 1001.0f, 999.0f, -1000.0f};
     fm_softmax(x, 4);
@@ -77,6 +115,7 @@ int main(void) {
     test_rmsnorm();
     test_silu_mul();
     test_argmax();
+    test_argmax_levels();
     test_softmax();
     test_dot_axpy();
     return fm_test_report("test_ops");

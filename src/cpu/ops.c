@@ -2,6 +2,9 @@
 
 #include <math.h>
 
+#include "cpu/cpu_features.h"
+#include "cpu/ops_kernels.h"
+
 void fm_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0; /* double: the sum of 10k squares must not lose the small ones */
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
@@ -14,6 +17,9 @@ void fm_silu_mul(float *g, const float *u, int64_t n) {
 }
 
 int64_t fm_argmax(const float *x, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (fm_cpu_isa() >= FM_ISA_AVX2) return fm_argmax_avx2(x, n);
+#endif
     int64_t best = 0;
     for (int64_t i = 1; i < n; i++)
         if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i])) best = i;

@@ -1,5 +1,6 @@
 /* ops.h: small f32 vector ops of the forward passes (norms, activations, reductions). Row-local and cheap
- * next to the matrix products, so plain C that compilers vectorise is enough here. */
+ * next to the matrix products, so plain C that compilers vectorise is enough here, but for the argmax of a
+ * vocabulary-sized row (its branch does not vectorise: ops_avx2.c). */
 #ifndef FM_CPU_OPS_H
 #define FM_CPU_OPS_H
 
