@@ -199,6 +199,17 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
     for (int64_t i = 0; i < (int64_t)T * dim; i++) s->x[i] += s->h[i];
 }
 
+typedef struct {
+    float *gate;
+    const float *up;
+} silu_job;
+
+static void silu_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const silu_job *j = ctx;
+    fm_silu_mul(j->gate + begin, j->up + begin, end - begin);
+}
+
 static void layer_mlp(const qwen3_model *m, const qwen3_layer *L, qwen3_state *s, fm_pool *pool, int T) {
     const qwen3_hparams *hp = &m->hp;
     const int dim = hp->dim;
@@ -207,7 +218,10 @@ static void layer_mlp(const qwen3_model *m, const qwen3_layer *L, qwen3_state *s
     const fm_matrix *gate_up[2] = {&L->w_gate, &L->w_up};
     float *const gate_up_out[2] = {s->gate, s->up};
     fm_matmul_multi(pool, gate_up, 2, s->h, T, gate_up_out);
-    fm_silu_mul(s->gate, s->up, (int64_t)T * hp->ffn);
+    /* Over the pool: expf costs ~4 ns a value, 0.72 ms a layer for an 18-row verify block on one core
+     * (26 ms of the block) with the others idle; element-wise, so the same bits however it is split. */
+    silu_job sj = {s->gate, s->up};
+    fm_pool_for(pool, (int64_t)T * hp->ffn, 8192, silu_range, &sj);
     fm_matmul(pool, &L->w_down, s->gate, T, s->h, NULL);
     for (int64_t i = 0; i < (int64_t)T * dim; i++) s->x[i] += s->h[i];
 }
