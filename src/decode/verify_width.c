@@ -102,39 +102,43 @@ static double size_line(const double *cost, int T, int from, int to) {
     return NAN;
 }
 
+/* The largest (top) or smallest timed size of class j (sizes j g + 1 .. j g + g, up to n_max), or -1. */
+static int class_edge(const double *cost, int j, int g, int n_max, int top) {
+    const int first = j * g + 1, last = first + g - 1 < n_max ? first + g - 1 : n_max;
+    for (int i = 0; i <= last - first; i++) {
+        const int t = top ? last - i : first + i;
+        if (!isnan(cost[t])) return t;
+    }
+    return -1;
+}
+
 double fm_width_cost_ms(const fm_width_model *m, int T) {
     const double *cost = m->cost_ms;
     const int n_max = FM_MAX_BLOCK + 1, g = m->granule > 1 ? m->granule : 1;
     if (T < 1 || T > n_max) return NAN;
     if (!isnan(cost[T])) return cost[T];
-    const int k = (T - 1) / g, first = k * g + 1, last = first + g - 1 < n_max ? first + g - 1 : n_max;
     if (g == 1) return size_line(cost, T, 1, n_max);
     /* T's own class: the line through its timed sizes (nearest two), or the one's cost */
+    const int k = (T - 1) / g, first = k * g + 1, last = first + g - 1 < n_max ? first + g - 1 : n_max;
     int lo, lo2, hi, hi2;
     nearest_timed(cost, T, first, last, &lo, &lo2, &hi, &hi2);
     if ((lo >= 0) + (lo2 >= 0) + (hi >= 0) + (hi2 >= 0) >= 2) return size_line(cost, T, first, last);
     if (lo >= 0 || hi >= 0) return cost[lo >= 0 ? lo : hi];
-    /* Other classes: per class j its timed size facing T (the largest below T's class, the smallest above),
-     * a line in the class index. */
-    int face[2][2] = {{-1, -1}, {-1, -1}}; /* [below, above][nearest, next] sizes */
-    for (int j = k - 1, n = 0; j >= 0 && n < 2; j--) {
-        int a, b, c, d;
-        nearest_timed(cost, n_max, j * g + 1, j * g + g, &a, &b, &c, &d);
-        if (a >= 0) face[0][n++] = a;
-    }
-    for (int j = k + 1, n = 0; j * g + 1 <= n_max && n < 2; j++) {
-        int a, b, c, d;
-        nearest_timed(cost, 0, j * g + 1, j * g + g < n_max ? j * g + g : n_max, &a, &b, &c, &d);
-        if (c >= 0) face[1][n++] = c;
-    }
-#define CLASS(t) (((t)-1) / g)
-    if (face[0][0] >= 0 && face[1][0] >= 0)
-        return on_line(CLASS(face[0][0]), cost[face[0][0]], CLASS(face[1][0]), cost[face[1][0]], k);
-    if (face[0][1] >= 0)
-        return on_line(CLASS(face[0][1]), cost[face[0][1]], CLASS(face[0][0]), cost[face[0][0]], k);
-    if (face[1][1] >= 0)
-        return on_line(CLASS(face[1][0]), cost[face[1][0]], CLASS(face[1][1]), cost[face[1][1]], k);
-#undef CLASS
+    /* Other classes, each taken at its timed size facing T (the largest of a class below, the smallest of one
+     * above): the nearest two classes' line in the class index. below / above: [nearest, next] sizes. */
+    int below[2] = {-1, -1}, above[2] = {-1, -1};
+    for (int j = k - 1, n = 0; j >= 0 && n < 2; j--)
+        if ((below[n] = class_edge(cost, j, g, n_max, 1)) >= 0) n++;
+    for (int j = k + 1, n = 0; j * g + 1 <= n_max && n < 2; j++)
+        if ((above[n] = class_edge(cost, j, g, n_max, 0)) >= 0) n++;
+    const int *p = NULL, *q = NULL; /* the two sizes of the line, p's class before q's */
+    if (below[0] >= 0 && above[0] >= 0)
+        p = &below[0], q = &above[0];
+    else if (below[1] >= 0)
+        p = &below[1], q = &below[0];
+    else if (above[1] >= 0)
+        p = &above[0], q = &above[1];
+    if (p) return on_line((*p - 1) / g, cost[*p], (*q - 1) / g, cost[*q], k);
     return size_line(cost, T, 1, n_max); /* one class timed: its sizes' line, which explores beyond it */
 }
 
