@@ -33,7 +33,7 @@ static void write_cross_kv(fm_drafter *d, fm_pool *pool, int l, const float *ctx
     const fm_matrix *kv[2] = {&L->cross.k, &L->cross.v};
     float *const kv_out[2] = {d->k, d->v}; /* [T][D] each */
     fm_matmul_multi(pool, kv, 2, ctx, T, kv_out);
-    fmd_head_norm_rope(d->k, L->cross.k_norm, T, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
+    fmd_head_norm_rope(pool, d->k, L->cross.k_norm, T, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
                        d->rope_sin);
     for (int t = 0; t < T; t++)
         fm_attention_store_kv(L->k_cache, L->v_cache, (int64_t)d->max_ctx * hp->head_dim, pos0 + t,
@@ -65,13 +65,13 @@ int fm_drafter_extend_context(fm_drafter *d, fm_pool *pool, const float *feature
 static void self_attention(fm_drafter *d, fm_pool *pool, const fmd_layer *L, const fmd_mod *m) {
     const fm_drafter_hparams *hp = &d->hp;
     int K = hp->block;
-    fmd_ln_mod_rows(d->x, m, K, hp->dim, hp->ln_eps, d->h);
+    fmd_ln_mod_rows(pool, d->x, m, K, hp->dim, hp->ln_eps, d->h);
     const fm_matrix *qkv[3] = {&L->self.q, &L->self.k, &L->self.v};
     float *const qkv_out[3] = {d->q, d->k, d->v};
     fm_matmul_multi(pool, qkv, 3, d->h, K, qkv_out);
-    fmd_head_norm_rope(d->q, L->self.q_norm, K, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
+    fmd_head_norm_rope(pool, d->q, L->self.q_norm, K, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
                        d->rope_sin);
-    fmd_head_norm_rope(d->k, L->self.k_norm, K, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
+    fmd_head_norm_rope(pool, d->k, L->self.k_norm, K, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
                        d->rope_sin);
     fmd_attention(pool, d->q, K, d->k, d->v, NULL, NULL, 0, K, hp->n_heads, hp->head_dim, d->att, d->scores);
     fm_matmul(pool, &L->self.o, d->att, K, d->y, NULL);
@@ -82,9 +82,9 @@ static void self_attention(fm_drafter *d, fm_pool *pool, const fmd_layer *L, con
 static void cross_attention(fm_drafter *d, fm_pool *pool, const fmd_layer *L, const fmd_mod *m, int ctx_len) {
     const fm_drafter_hparams *hp = &d->hp;
     int K = hp->block;
-    fmd_ln_mod_rows(d->x, m, K, hp->dim, hp->ln_eps, d->h);
+    fmd_ln_mod_rows(pool, d->x, m, K, hp->dim, hp->ln_eps, d->h);
     fm_matmul(pool, &L->cross.q, d->h, K, d->q, NULL);
-    fmd_head_norm_rope(d->q, L->cross.q_norm, K, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
+    fmd_head_norm_rope(pool, d->q, L->cross.q_norm, K, hp->n_heads, hp->head_dim, hp->qk_eps, d->rope_cos,
                        d->rope_sin);
     fmd_attention(pool, d->q, K, NULL, NULL, L->k_cache, L->v_cache, d->max_ctx, ctx_len, hp->n_heads,
                   hp->head_dim, d->att, d->scores);
@@ -96,7 +96,7 @@ static void cross_attention(fm_drafter *d, fm_pool *pool, const fmd_layer *L, co
 static void mlp(fm_drafter *d, fm_pool *pool, const fmd_layer *L, const fmd_mod *m) {
     const fm_drafter_hparams *hp = &d->hp;
     int K = hp->block;
-    fmd_ln_mod_rows(d->x, m, K, hp->dim, hp->ln_eps, d->h);
+    fmd_ln_mod_rows(pool, d->x, m, K, hp->dim, hp->ln_eps, d->h);
     fm_matmul(pool, &L->fc1, d->h, K, d->u, L->fc1_b); /* [K][F] */
     fmd_gelu(pool, d->u, (int64_t)K * hp->ffn);
     fm_matmul(pool, &L->fc2, d->u, K, d->y, L->fc2_b); /* [K][D] */
@@ -139,7 +139,7 @@ int fm_drafter_draft(fm_drafter *d, fm_pool *pool, int32_t anchor, int pos, int 
     }
 
     /* 4. Output of the first n_out slots: final AdaLN -> head -> the target's lm_head -> argmax per slot. */
-    fmd_ln_mod_rows(d->x, &d->final_mod, n_out, D, hp->ln_eps, d->h);
+    fmd_ln_mod_rows(pool, d->x, &d->final_mod, n_out, D, hp->ln_eps, d->h);
     fm_matmul(pool, &d->head, d->h, n_out, d->head_out, d->head_b);   /* [n_out][H] */
     fm_matmul(pool, &t->output, d->head_out, n_out, d->logits, NULL); /* [n_out][vocab] */
     for (int k = 0; k < n_out; k++)

@@ -72,11 +72,11 @@ struct fm_drafter {
 /* ---- ops (drafter_ops.c) ---- */
 /* y[t] = x[t] * (w * 1/sqrt(mean(x[t]^2) + eps)) over rows of n; y may equal x. */
 void fmd_rmsnorm_rows(const float *x, const float *w, int T, int n, float eps, float *y);
-/* y[t] = LayerNorm(x[t]) (no affine) * (1 + scale) + shift. */
-void fmd_ln_mod_rows(const float *x, const fmd_mod *m, int T, int n, float eps, float *y);
+/* y[t] = LayerNorm(x[t]) (no affine) * (1 + scale) + shift; rows spread over the pool (NULL: the caller). */
+void fmd_ln_mod_rows(fm_pool *pool, const float *x, const fmd_mod *m, int T, int n, float eps, float *y);
 /* In place per row t and head: RMSNorm over head_dim with w, then RoPE on pairs (2i, 2i+1) with the row's
- * cos/sin [T][head_dim/2]. */
-void fmd_head_norm_rope(float *x, const float *w, int T, int n_heads, int head_dim, float eps,
+ * cos/sin [T][head_dim/2]; rows spread over the pool (NULL: the caller). */
+void fmd_head_norm_rope(fm_pool *pool, float *x, const float *w, int T, int n_heads, int head_dim, float eps,
                         const float *cos, const float *sin);
 /* cos/sin [n][head_dim/2] for positions pos0 .. pos0+n-1: angle = pos * inv_freq[i]. */
 void fmd_rope_rows(const float *inv_freq, int half, int pos0, int n, float *cos, float *sin);
