@@ -160,10 +160,10 @@ int fm_decode_run(const fm_decode_backend *b, fm_decode_averages *avg, const int
         o.stop = FM_STOP_TOKEN;
         goto finish;
     }
+    fm_width_set_granule(&avg->width, b->row_granule);
     /* The fallback compares rounds with plain steps: time one step first, so that losing rounds are seen
      * as such after FALLBACK_MIN_ROUNDS (a verify block's time, the stand-in until then, is several steps on
      * a CPU). */
-    fm_width_set_granule(&avg->width, b->row_granule);
     if (p->speculative && p->fallback && isnan(avg->step_ms)) plain_left = 1;
     while (o.n < o.limit) {
         const int pos = b->pos(b->ctx), remaining = o.limit - o.n;

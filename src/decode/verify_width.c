@@ -120,10 +120,10 @@ double fm_width_cost_ms(const fm_width_model *m, int T) {
     if (g == 1) return size_line(cost, T, 1, n_max);
     /* T's own class: the line through its timed sizes (nearest two), or the one's cost */
     const int k = (T - 1) / g, first = k * g + 1, last = first + g - 1 < n_max ? first + g - 1 : n_max;
-    int lo, lo2, hi, hi2;
-    nearest_timed(cost, T, first, last, &lo, &lo2, &hi, &hi2);
-    if ((lo >= 0) + (lo2 >= 0) + (hi >= 0) + (hi2 >= 0) >= 2) return size_line(cost, T, first, last);
-    if (lo >= 0 || hi >= 0) return cost[lo >= 0 ? lo : hi];
+    const double in_class = size_line(cost, T, first, last);
+    if (!isnan(in_class)) return in_class;
+    const int one = class_edge(cost, k, g, n_max, 0);
+    if (one >= 0) return cost[one];
     /* Other classes, each taken at its timed size facing T (the largest of a class below, the smallest of one
      * above): the nearest two classes' line in the class index. below / above: [nearest, next] sizes. */
     int below[2] = {-1, -1}, above[2] = {-1, -1};

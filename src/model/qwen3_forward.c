@@ -189,6 +189,7 @@ typedef struct {
     const qwen3_layer *L;
     qwen3_state *s;
     uint16_t *kc, *vc;
+    int64_t head_stride; /* of the caches */
 } qk_rows_job;
 
 static void qk_rows_range(void *ctx, int64_t begin, int64_t end, int thread) {
@@ -203,7 +204,7 @@ static void qk_rows_range(void *ctx, int64_t begin, int64_t end, int thread) {
         head_norm_rope(s->q + t * q_dim, hp->n_heads, hd, j->L->q_norm, hp->rms_eps, rope_row);
         float *k = s->k + t * kv_dim, *v = s->v + t * kv_dim;
         head_norm_rope(k, hp->n_kv_heads, hd, j->L->k_norm, hp->rms_eps, rope_row);
-        fm_attention_store_kv(j->kc, j->vc, (int64_t)s->n_ctx * hd, pos, k, v, hp->n_kv_heads, hd);
+        fm_attention_store_kv(j->kc, j->vc, j->head_stride, pos, k, v, hp->n_kv_heads, hd);
     }
 }
 
@@ -219,7 +220,7 @@ static void layer_attention(const qwen3_model *m, const qwen3_layer *L, qwen3_st
     const size_t head_stride = (size_t)s->n_ctx * hd;
     uint16_t *kc = s->k_cache + (size_t)l * s->n_ctx * kv_dim,
              *vc = s->v_cache + (size_t)l * s->n_ctx * kv_dim;
-    qk_rows_job qj = {m, L, s, kc, vc};
+    qk_rows_job qj = {m, L, s, kc, vc, (int64_t)head_stride};
     fm_pool_for(pool, T, 2, qk_rows_range, &qj);
     fm_attention_args a = {
         .n_heads = hp->n_heads,
