@@ -1205,6 +1205,11 @@ extern "C" void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on) {
     b->use_pdl = on;
 }
 
+extern "C" void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on) {
+    drop_graphs(b);
+    fmc_q8_set_reg_all(on);
+}
+
 static uint64_t q8_bytes(const fmc_q8 *w) {
     return (uint64_t)w->N * w->K + (uint64_t)w->N * (w->K / 32) * 2;
 }

@@ -203,6 +203,11 @@ void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, in
 template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemm(const q8_args a) {
     q8_gemm_block<NT, MODE>(a, blockIdx.x, q8_pdl_sync{});
 }
+/* One token with REG_DEPTH tiles a warp in flight in registers (q8_reg_loop): the same bits. */
+enum { REG_DEPTH = 8 };
+template <int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemm_reg(const q8_args a) {
+    q8_gemm_block<1, MODE, q8_pdl_sync, REG_DEPTH>(a, blockIdx.x, q8_pdl_sync{});
+}
 
 /* A mode a line, kept out of clang-format, which reflows X-macro lists differently on each pass. */
 /* clang-format off */
@@ -238,7 +243,25 @@ size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit) {
     return room < limit ? room : limit;
 }
 
-static q8_kernel q8_pick(int NT, int mode) {
+/* Which one-token products take the register loop (fm_cuda_debug_set_q8_reg: every store / add product, so
+ * that the tiny test models run it too). Measured on the H200 (bench_cuda, FM_BENCH_TARGET_ONLY=1; each
+ * kernel alone, staged -> registers): lm_head 122.7 -> 104.6 us (9,496 blocks: many waves), down 13.2 ->
+ * 12.7 us (76 tiles a warp), but gate/up 25.1 -> 31.8, qkv 10.6 -> 11.3, wo 6.6 -> 6.8 us; in the step's
+ * graph with these two only, three rounds against the staged loop in one call: 2.550 -> 2.508 ms. */
+static int g_reg_all = 0;
+static bool q8_takes_reg_loop(const fmc_q8 *w, int T, int mode) {
+    if (T != 1 || (mode != Q8_STORE && mode != Q8_ADD)) return false;
+    const unsigned grid = (unsigned)((w->N + 15) / 16 / w->sp.rt) * w->sp.kc;
+    const int tiles_a_warp = (w->K / 32) / (w->sp.w * w->sp.kc);
+    return g_reg_all || grid > 8u * (unsigned)fmc_sm_count() || tiles_a_warp >= 64;
+}
+
+void fmc_q8_set_reg_all(int on) {
+    g_reg_all = on;
+}
+
+static q8_kernel q8_pick(int NT, int mode, bool reg) {
+    if (reg) return mode == Q8_ADD ? k_q8_gemm_reg<Q8_ADD> : k_q8_gemm_reg<Q8_STORE>;
 #define X(nt, m)                                                                                             \
     if (NT == nt && mode == m) return k_q8_gemm<nt, m>;
     Q8_KERNELS(X)
@@ -253,6 +276,10 @@ int fmc_q8_init(void) {
                                 Q8_SMEM_LIMIT) != cudaSuccess;
     Q8_KERNELS(X)
 #undef X
+    bad |= cudaFuncSetAttribute(k_q8_gemm_reg<Q8_STORE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                Q8_SMEM_LIMIT) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_q8_gemm_reg<Q8_ADD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                Q8_SMEM_LIMIT) != cudaSuccess;
     const char *e = getenv("FMC_Q8_MAXB");
     if (e) g_maxb = atoi(e);
     int dev = 0, sm = 0, reserved = 0;
@@ -288,8 +315,11 @@ static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float 
     }
     const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
     const int NT = (T + 7) / 8;
-    fmc_launch(q8_pick(NT, mode), dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
-               fmc_gemm_spread(q8_smem(&w->sp, NT, mode), groups * w->sp.kc, Q8_SMEM_LIMIT), s, pdl, a);
+    const bool reg = q8_takes_reg_loop(w, T, mode);
+    /* the register loop's blocks keep only the merge's buffer in shared memory */
+    const size_t smem = reg ? (size_t)w->sp.rt * w->sp.w * 4 * 32 * 4 : q8_smem(&w->sp, NT, mode);
+    fmc_launch(q8_pick(NT, mode, reg), dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
+               fmc_gemm_spread(smem, groups * w->sp.kc, Q8_SMEM_LIMIT), s, pdl, a);
 }
 
 void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, int add, float *y2,

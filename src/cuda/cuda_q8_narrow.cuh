@@ -1,8 +1,8 @@
 /* cuda_q8_narrow.cuh: the narrow Q8_0 product (1..32 tokens) of one block, as a device function: the
  * kernel of cuda_q8.cu runs it once per block with PDL (q8_pdl_sync), the bench-only persistent kernels of
  * cuda_q8_persist.cu run it for several products in one launch with their own waits. Its stage layout and
- * shared-memory size are here too. The kernel's code is the same as when it was the kernel's body (the same
- * SASS, checked with cuobjdump). */
+ * shared-memory size are here too, and its one-token form with tiles in registers (q8_reg_loop). The kernel's
+ * code is the same as when it was the kernel's body (the same SASS, checked with cuobjdump). */
 #ifndef FM_CUDA_Q8_NARROW_CUH
 #define FM_CUDA_Q8_NARROW_CUH
 
@@ -50,12 +50,63 @@ static inline size_t q8_smem(const fmc_split *sp, int NT, int mode) {
     return stages + s;
 }
 
+/* 16 bytes of a weight tile: no kernel writes them and each is read once, so not kept in L1. */
+__device__ __forceinline__ int4 ld_stream16(const int4 *p) {
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* One token, RD tiles a warp in flight in registers instead of shared-memory stages: each lane loads its own
+ * 16 bytes of a tile, its scale pair, its activation fragment (zeros past token 0, as the stages' zero fill)
+ * and the tokens' scales straight into registers. A staged tile moves 1,152 bytes through the L1 pipe twice
+ * (ncu: L1/TEX 57-72 % busy in the step's products, 16 excess sectors a tile); here about its 512. The same
+ * mma and scaling of the same tiles in the same order as the staged loop: the same bits. Which products it
+ * pays for: cuda_q8.cu (q8_takes_reg_loop). */
+template <int RD, class SYNC>
+__device__ __forceinline__ void q8_reg_loop(float (&acc)[4], const int4 *ap, const uint32_t *sp8,
+                                            const uint2 *xg, const float *dg, int nbw, bool xl,
+                                            const SYNC &sync) {
+    int4 W[RD];
+    uint32_t S[RD];
+    uint2 X[RD];
+    float2 D[RD];
+#pragma unroll
+    for (int k = 0; k < RD; k++)
+        if (k < nbw) W[k] = ld_stream16(ap + k * 32), S[k] = __ldg(sp8 + k * 8);
+    sync.wait();
+#pragma unroll
+    for (int k = 0; k < RD; k++)
+        if (k < nbw) {
+            X[k] = xl ? __ldcg(xg + k * 32) : make_uint2(0, 0);
+            D[k] = __ldcg((const float2 *)(dg + k * 8));
+        }
+    for (int it0 = 0; it0 < nbw; it0 += RD) {
+#pragma unroll
+        for (int k = 0; k < RD; k++) {
+            const int it = it0 + k;
+            if (it >= nbw) break;
+            int d[4];
+            mma_s8(d, W[k], X[k].x, X[k].y);
+            q8_scale_add<4>(acc, d, half_lo(S[k]), half_hi(S[k]), D[k]);
+            const int nx = it + RD;
+            if (nx < nbw) {
+                W[k] = ld_stream16(ap + nx * 32), S[k] = __ldg(sp8 + nx * 8);
+                X[k] = xl ? __ldcg(xg + nx * 32) : make_uint2(0, 0);
+                D[k] = __ldcg((const float2 *)(dg + nx * 8));
+            }
+        }
+    }
+}
+
 /* grid: groups x kc blocks of rt * w warps (fmc_split). */
 struct q8_pdl_sync {
     __device__ __forceinline__ void start() const { pdl_trigger(); }
     __device__ __forceinline__ void wait() const { pdl_wait(); }
 };
-template <int NT, int MODE, class SYNC>
+template <int NT, int MODE, class SYNC, int RD = 0>
 __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned bid, const SYNC &sync) {
     constexpr int STG = q8_stages(NT), SB = q8_stage_bytes(NT);
     constexpr bool SH = q8_shared_scales(NT);
@@ -78,7 +129,8 @@ __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned b
     const uint2 *xg = (const uint2 *)a.xq + (size_t)b0 * 32 + lane;    /* + (n NB + j) 32 for block b0 + j */
     const float *dg = a.xd + (size_t)b0 * 8 + 2 * (SH ? lane & 3 : c); /* + (n NB + j) 8 */
     unsigned char *wb = smem + (size_t)warp * STG * SB;                /* this warp's stages */
-    float *red = (float *)(smem + (size_t)nwarps * STG * SB);
+    /* (the register loop has no stages: its merge buffer starts the block's shared memory) */
+    float *red = (float *)(smem + (RD > 0 ? 0 : (size_t)nwarps * STG * SB));
 #define Q8_W(st) ((int4 *)(wb + (st)*SB) + lane)
     const int sl = SH ? lane : 0, cl = SH ? c : 0;         /* copy slot / read index of the scales */
     const bool sw = !SH || lane < 8, dw = !SH || lane < 4; /* lanes that copy them */
@@ -86,107 +138,118 @@ __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned b
 #define Q8_X(st, n) ((uint2 *)(wb + (st)*SB + XO) + (n)*32 + lane)
 #define Q8_D(st, n) ((float2 *)(wb + (st)*SB + XO + NT * 256) + (n) * (SH ? 4 : 32) + (SH ? 0 : lane))
 
-    sync.start();
-    /* Weights never change: the first stages' weights (one group) are in flight before the predecessor is
-     * done; their activations (one group per stage) after. Tile j's data is then complete once the groups
-     * up to 1 + j (j < STG) or the refill group of iteration j - STG are: always the oldest but STG - 1. */
-#pragma unroll
-    for (int st = 0; st < STG; st++)
-        if (active && st < nbw) {
-            cp_async16(Q8_W(st), ap + st * 32);
-            if (sw) cp_async4(Q8_S(st) + sl, sp8 + st * 8);
-        }
-    cp_async_commit();
-    sync.wait();
-#pragma unroll
-    for (int st = 0; st < STG; st++) {
-        if (active && st < nbw)
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                cp_async8(Q8_X(st, n), xg + ((size_t)n * NB + st) * 32, 8 * n + g < T ? 8 : 0);
-                if (dw) cp_async8(Q8_D(st, n) + sl, dg + ((size_t)n * NB + st) * 8);
-            }
-        cp_async_commit();
-    }
-
     float acc[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    if constexpr (NT == 1) {
-        /* Steps: the loop as first written. The form below measured slower here (H200, same run: plain step
-         * 2.784 against 2.738 ms; with running pointers alone 2.84): a step's kernels wait on memory, and
-         * the schedule the compiler makes of this form suits them. */
-        for (int it = 0; it < nbw; it++) {
-            const int slot = it % STG;
-            cp_async_wait<STG - 1>();
-            if (active) {
-                const int4 A = *Q8_W(slot);
-                const uint32_t S = *Q8_S(slot);
-                const float dw0 = half_lo(S), dw1 = half_hi(S);
-                const uint2 xv = *Q8_X(slot, 0);
-                const float2 dx = *Q8_D(slot, 0);
-                int d[4];
-                mma_s8(d, A, xv.x, xv.y);
-                q8_scale_add<4>(acc[0], d, dw0, dw1, dx);
-                const int nx = it + STG;
-                if (nx < nbw) {
-                    cp_async16(Q8_W(slot), ap + nx * 32);
-                    if (sw) cp_async4(Q8_S(slot) + sl, sp8 + nx * 8);
-                    cp_async8(Q8_X(slot, 0), xg + (size_t)nx * 32, g < T ? 8 : 0);
-                    if (dw) cp_async8(Q8_D(slot, 0) + sl, dg + (size_t)nx * 8);
-                }
-            }
-            cp_async_commit();
-        }
+    if constexpr (RD > 0) {
+        static_assert(NT == 1, "the register loop is for one token");
+        sync.start();
+        if (active)
+            q8_reg_loop<RD>(acc[0], ap, sp8, xg, dg, nbw, g < T, sync);
+        else
+            sync.wait();
     } else {
-        static_assert(SH, "shared scales from 9 tokens");
-        /* 9..32 tokens: STG iterations at a time, so that every slot's shared-memory address is a constant,
-         * and refills from running pointers. The per-tile address arithmetic was most of the instructions
-         * (ncu: 189 a tile at 17..24 tokens); verify(17) 4.98 -> 4.66 ms, the draft's fc1 / fc2 15.4 / 22.6
-         * -> 14.2 / 21.9 us. */
-        /* from one n-tile's activations to the next */
-        const size_t xn = (size_t)NB * 32, dn = (size_t)NB * 8;
-        const int4 *ar = ap + STG * 32;
-        const uint32_t *sr = sp8 + STG * 8;
-        const uint2 *xr = xg + STG * 32;
-        const float *dr = dg + STG * 8;
-        int xbytes[NT];
+        sync.start();
+        /* Weights never change: the first stages' weights (one group) are in flight before the predecessor is
+         * done; their activations (one group per stage) after. Tile j's data is then complete once the groups
+         * up to 1 + j (j < STG) or the refill group of iteration j - STG are: always the oldest but STG - 1.
+         */
 #pragma unroll
-        for (int n = 0; n < NT; n++) xbytes[n] = 8 * n + g < T ? 8 : 0;
-        for (int it0 = 0; it0 < nbw; it0 += STG) {
+        for (int st = 0; st < STG; st++)
+            if (active && st < nbw) {
+                cp_async16(Q8_W(st), ap + st * 32);
+                if (sw) cp_async4(Q8_S(st) + sl, sp8 + st * 8);
+            }
+        cp_async_commit();
+        sync.wait();
 #pragma unroll
-            for (int slot = 0; slot < STG; slot++) {
-                if (it0 + slot >= nbw) break;
-                cp_async_wait<STG - 1>();
-                __syncwarp(); /* the scales other lanes copied are visible */
-                const int4 A = *Q8_W(slot);
-                const uint32_t S = Q8_S(slot)[g];
-                const float dw0 = half_lo(S), dw1 = half_hi(S);
+        for (int st = 0; st < STG; st++) {
+            if (active && st < nbw)
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
-                    const uint2 xv = *Q8_X(slot, n);
-                    const float2 dx = Q8_D(slot, n)[cl];
+                    cp_async8(Q8_X(st, n), xg + ((size_t)n * NB + st) * 32, 8 * n + g < T ? 8 : 0);
+                    if (dw) cp_async8(Q8_D(st, n) + sl, dg + ((size_t)n * NB + st) * 8);
+                }
+            cp_async_commit();
+        }
+
+        if constexpr (NT == 1) {
+            /* Steps: the loop as first written. The form below measured slower here (H200, same run: plain
+             * step 2.784 against 2.738 ms; with running pointers alone 2.84): a step's kernels wait on
+             * memory, and the schedule the compiler makes of this form suits them. */
+            for (int it = 0; it < nbw; it++) {
+                const int slot = it % STG;
+                cp_async_wait<STG - 1>();
+                if (active) {
+                    const int4 A = *Q8_W(slot);
+                    const uint32_t S = *Q8_S(slot);
+                    const float dw0 = half_lo(S), dw1 = half_hi(S);
+                    const uint2 xv = *Q8_X(slot, 0);
+                    const float2 dx = *Q8_D(slot, 0);
                     int d[4];
                     mma_s8(d, A, xv.x, xv.y);
-                    q8_scale_add<4>(acc[n], d, dw0, dw1, dx);
-                }
-                /* the slot is free once every lane has read it: other lanes refill the scales */
-                __syncwarp();
-                if (it0 + slot + STG < nbw) { /* tile it + STG */
-                    cp_async16(Q8_W(slot), ar);
-                    if (sw) cp_async4(Q8_S(slot) + sl, sr);
-#pragma unroll
-                    for (int n = 0; n < NT; n++) {
-                        cp_async8(Q8_X(slot, n), xr + n * xn, xbytes[n]);
-                        if (dw) cp_async8(Q8_D(slot, n) + sl, dr + n * dn);
+                    q8_scale_add<4>(acc[0], d, dw0, dw1, dx);
+                    const int nx = it + STG;
+                    if (nx < nbw) {
+                        cp_async16(Q8_W(slot), ap + nx * 32);
+                        if (sw) cp_async4(Q8_S(slot) + sl, sp8 + nx * 8);
+                        cp_async8(Q8_X(slot, 0), xg + (size_t)nx * 32, g < T ? 8 : 0);
+                        if (dw) cp_async8(Q8_D(slot, 0) + sl, dg + (size_t)nx * 8);
                     }
                 }
-                ar += 32, sr += 8, xr += 32, dr += 8;
                 cp_async_commit();
             }
+        } else {
+            static_assert(SH, "shared scales from 9 tokens");
+            /* 9..32 tokens: STG iterations at a time, so that every slot's shared-memory address is a
+             * constant, and refills from running pointers. The per-tile address arithmetic was most of the
+             * instructions (ncu: 189 a tile at 17..24 tokens); verify(17) 4.98 -> 4.66 ms, the draft's fc1 /
+             * fc2 15.4 / 22.6
+             * -> 14.2 / 21.9 us. */
+            /* from one n-tile's activations to the next */
+            const size_t xn = (size_t)NB * 32, dn = (size_t)NB * 8;
+            const int4 *ar = ap + STG * 32;
+            const uint32_t *sr = sp8 + STG * 8;
+            const uint2 *xr = xg + STG * 32;
+            const float *dr = dg + STG * 8;
+            int xbytes[NT];
+#pragma unroll
+            for (int n = 0; n < NT; n++) xbytes[n] = 8 * n + g < T ? 8 : 0;
+            for (int it0 = 0; it0 < nbw; it0 += STG) {
+#pragma unroll
+                for (int slot = 0; slot < STG; slot++) {
+                    if (it0 + slot >= nbw) break;
+                    cp_async_wait<STG - 1>();
+                    __syncwarp(); /* the scales other lanes copied are visible */
+                    const int4 A = *Q8_W(slot);
+                    const uint32_t S = Q8_S(slot)[g];
+                    const float dw0 = half_lo(S), dw1 = half_hi(S);
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        const uint2 xv = *Q8_X(slot, n);
+                        const float2 dx = Q8_D(slot, n)[cl];
+                        int d[4];
+                        mma_s8(d, A, xv.x, xv.y);
+                        q8_scale_add<4>(acc[n], d, dw0, dw1, dx);
+                    }
+                    /* the slot is free once every lane has read it: other lanes refill the scales */
+                    __syncwarp();
+                    if (it0 + slot + STG < nbw) { /* tile it + STG */
+                        cp_async16(Q8_W(slot), ar);
+                        if (sw) cp_async4(Q8_S(slot) + sl, sr);
+#pragma unroll
+                        for (int n = 0; n < NT; n++) {
+                            cp_async8(Q8_X(slot, n), xr + n * xn, xbytes[n]);
+                            if (dw) cp_async8(Q8_D(slot, n) + sl, dr + n * dn);
+                        }
+                    }
+                    ar += 32, sr += 8, xr += 32, dr += 8;
+                    cp_async_commit();
+                }
+            }
         }
+        cp_async_wait<0>();
     }
-    cp_async_wait<0>();
 #undef Q8_W
 #undef Q8_S
 #undef Q8_X

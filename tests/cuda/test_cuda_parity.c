@@ -472,10 +472,13 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     /* 2. A verify block equals step-by-step rows bit for bit (graphs on / off, PDL on / off), and every
      * launch mode gives the same bits. */
     float *ref17 = malloc(sizeof(float) * 17 * V);
-    for (int mode = 0; mode < 4; mode++) {
+    for (int mode = 0; mode < 5; mode++) {
+        /* mode 4: graphs and PDL, every one-token store / add product on the register loop (whose default
+         * choice takes only full-size matrices) */
         const int graphs = !(mode & 1), pdl = !(mode & 2);
         fm_cuda_debug_set_graphs(gb, graphs);
         fm_cuda_debug_set_pdl(gb, pdl);
+        fm_cuda_debug_set_q8_reg_all(gb, mode == 4);
         for (int T = 8; T <= 17; T += 9) {
             G.reset(G.ctx);
             G.eval(G.ctx, prompt, 30, 0, NULL, err, sizeof err);
@@ -492,8 +495,9 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
                 ids &= one == am[t];
             }
             free(row);
-            CHECK(bitwise && ids, "tied=%d graphs=%d pdl=%d: verify(%d) rows == %d single steps bit for bit",
-                  tied, graphs, pdl, T, T);
+            CHECK(bitwise && ids,
+                  "tied=%d graphs=%d pdl=%d%s: verify(%d) rows == %d single steps bit for bit", tied, graphs,
+                  pdl, mode == 4 ? " one-token register loop everywhere" : "", T, T);
             if (T == 17 && mode == 0) memcpy(ref17, gl, sizeof(float) * 17 * V);
             if (T == 17 && mode > 0)
                 CHECK(!memcmp(ref17, gl, sizeof(float) * 17 * V),
@@ -504,6 +508,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     free(ref17);
     fm_cuda_debug_set_graphs(gb, 1);
     fm_cuda_debug_set_pdl(gb, 1);
+    fm_cuda_debug_set_q8_reg_all(gb, 0);
 
     /* 3. The drafter through the GPU pipeline (captured features, commit, context extension, draft) against
      * the CPU drafter given the same context: the GPU target's captured features. (Each backend drafting
