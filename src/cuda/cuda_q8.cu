@@ -243,17 +243,21 @@ size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit) {
     return room < limit ? room : limit;
 }
 
-/* Which one-token products take the register loop (fm_cuda_debug_set_q8_reg: every store / add product, so
- * that the tiny test models run it too). Measured on the H200 (bench_cuda, FM_BENCH_TARGET_ONLY=1; each
- * kernel alone, staged -> registers): lm_head 122.7 -> 104.6 us (9,496 blocks: many waves), down 13.2 ->
- * 12.7 us (76 tiles a warp), but gate/up 25.1 -> 31.8, qkv 10.6 -> 11.3, wo 6.6 -> 6.8 us; in the step's
- * graph with these two only, three rounds against the staged loop in one call: 2.550 -> 2.508 ms. */
+/* Which products of up to 8 tokens (one n-tile) take the register loop (fm_cuda_debug_set_q8_reg_all: every
+ * one-token store / add product, so that the tiny test models run it too). Measured on the H200
+ * (bench_cuda, FM_BENCH_TARGET_ONLY=1; each kernel alone at one token, staged -> registers): lm_head 122.7
+ * -> 104.6 us (9,496 blocks: many waves), down 13.2 -> 12.7 us (76 tiles a warp), but gate/up 25.1 ->
+ * 31.8, qkv 10.6 -> 11.3, wo 6.6 -> 6.8 us; in the step's graph with these two only, three rounds against
+ * the staged loop in one call: 2.550 -> 2.508 ms. */
 static int g_reg_all = 0;
 static bool q8_takes_reg_loop(const fmc_q8 *w, int T, int mode) {
-    if (T != 1 || (mode != Q8_STORE && mode != Q8_ADD)) return false;
+    if (T > 8 || (mode != Q8_STORE && mode != Q8_ADD)) return false;
     const unsigned grid = (unsigned)((w->N + 15) / 16 / w->sp.rt) * w->sp.kc;
     const int tiles_a_warp = (w->K / 32) / (w->sp.w * w->sp.kc);
-    return g_reg_all || grid > 8u * (unsigned)fmc_sm_count() || tiles_a_warp >= 64;
+    /* Many waves, up to 8 tokens (verify(8), drafts of 7: the lm_head at 8 tokens 124.2 -> 108.4 us); long
+     * warp shares at one token only (down at 8 tokens 13.27 -> 13.40 us). */
+    if (grid > 8u * (unsigned)fmc_sm_count()) return true;
+    return T == 1 && (g_reg_all || tiles_a_warp >= 64);
 }
 
 void fmc_q8_set_reg_all(int on) {
