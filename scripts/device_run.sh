@@ -3,7 +3,13 @@
 # libcurl, no libcrypto: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc
 # come from the carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
 # the full-size benchmark, the persistent-kernel probe and the PyTorch peer.
-# usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|peer|llama]...
+# usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|peer|llama|ab]...
+# ab: variants of one binary alternated process by process (a shared machine drifts; compare within a call):
+#   AB_VARIANTS  variants, one a line, each a list of environment assignments ("-" for none), e.g.
+#                AB_VARIANTS=$'-\nFMC_Q8_PER_SM=3'
+#   AB_ROUNDS    rounds over the variants (default 3)
+#   AB_RUN       quick (default: FM_BENCH_QUICK=1, the plain step), target (FM_BENCH_TARGET_ONLY=1: kernels
+#                alone, verify blocks), or parity (test_cuda_parity under each variant: counts of PASS / FAIL)
 # Each step ends after STEP_TIMEOUT seconds (default 400; the device's calls end at 600): a kernel that hangs
 # then costs the rest of the call, not all of it (a hung wait once took a whole call).
 set -u
@@ -78,6 +84,23 @@ for step in "$@"; do
              "$LB" -m "$WORK/qwen3-4b-q8_0.gguf" -ngl 99 -fa 0,1 -p 0 -n 128 -d 512 -r 5 2>&1 \
                | tee -a "$OUT/llama.log"
            else echo "llama: no llama-bench ($LB) or no synthesized GGUF (run bench first)"; fi ;;
+    ab) FM_BENCH_QUICK=1 timeout "$lim" "$B/bench_cuda" "$WORK" >/dev/null 2>&1 # the pair into WORK, once
+        for round in $(seq "${AB_ROUNDS:-3}"); do
+          while IFS= read -r v; do
+            [ -n "$v" ] || continue
+            envs=(); [ "$v" = "-" ] || read -r -a envs <<<"$v"
+            echo "-- round $round [$v]"
+            case ${AB_RUN:-quick} in
+              quick) env "${envs[@]}" FM_BENCH_QUICK=1 timeout 120 "$B/bench_cuda" "$WORK" 2>&1 \
+                       | grep "plain step (graphs on, PDL on)" ;;
+              target) env "${envs[@]}" FM_BENCH_TARGET_ONLY=1 timeout 200 "$B/bench_cuda" "$WORK" 2>&1 \
+                        | grep -E "plain step \(graph \+|RESULT kernel .*T=  [18]:|verify\(" ;;
+              parity) env "${envs[@]}" timeout "$lim" "$B/test_cuda_parity" "$WORK" >"$OUT/ab_parity.log" 2>&1
+                      echo "PASS $(grep -c '^PASS' "$OUT/ab_parity.log"), FAIL $(grep -c '^FAIL' "$OUT/ab_parity.log")" ;;
+              *) echo "ab: AB_RUN is quick, target or parity" ;;
+            esac
+          done <<<"${AB_VARIANTS:--}"
+        done 2>&1 | tee "$OUT/ab.log" ;;
   esac
   echo "== $step done at $(( $(date +%s) - t0 )) s"
 done
