@@ -286,6 +286,9 @@ int fmc_q8_init(void) {
                                 Q8_SMEM_LIMIT) != cudaSuccess;
     const char *e = getenv("FMC_Q8_MAXB");
     if (e) g_maxb = atoi(e);
+    /* every one-token store / add product on the register loop (experiments, e.g. with FMC_Q8_PER_SM: the
+     * single-wave products split over more blocks, which the register loop's need no stage memory for) */
+    if (getenv("FMC_Q8_REG_ALL")) g_reg_all = 1;
     int dev = 0, sm = 0, reserved = 0;
     if (cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess &&
