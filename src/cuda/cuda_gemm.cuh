@@ -17,16 +17,17 @@ __host__ __device__ constexpr int gemm_stages(int NT) {
 }
 
 /* nb: K blocks of a row tile (K/32 for Q8_0, K/16 for BF16). Warps per tile w: 4 (1 for the gate/up group of
- * 4 tiles), fewer when nb does not divide; blocks per group kc: doubled while the grid keeps under 4 blocks
- * per SM and within one wave of `per_sm` resident blocks per SM, and each warp keeps at least 8 tiles. The
- * split sets the order of a row's sums, so it depends on the matrix and the device only, never on T. */
-static inline void gemm_plan(fmc_split *sp, int nb, int NT16, int glu, int per_sm) {
+ * 4 tiles), fewer when nb does not divide; blocks per group kc: doubled while the grid keeps under `below`
+ * blocks per SM (4) and within one wave of `per_sm` resident blocks per SM, and each warp keeps at least 8
+ * tiles. The split sets the order of a row's sums, so it depends on the matrix and the device only, never
+ * on T. */
+static inline void gemm_plan(fmc_split *sp, int nb, int NT16, int glu, int per_sm, int below = 4) {
     sp->rt = glu ? 4 : 1;
     const long groups = glu ? NT16 / 4 : NT16, sms = fmc_sm_count();
     int w = glu ? 1 : 4;
     while (w > 1 && nb % w) w /= 2;
     int kc = 1;
-    while (groups * kc < 4 * sms && groups * kc * 2 <= per_sm * sms && nb % (w * kc * 2) == 0 &&
+    while (groups * kc < below * sms && groups * kc * 2 <= per_sm * sms && nb % (w * kc * 2) == 0 &&
            nb / (w * kc * 2) >= 8)
         kc *= 2;
     sp->w = w;

@@ -130,8 +130,8 @@ typedef struct {
 void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, int T, int8_t *xq, float *xd,
                   int pdl, cudaStream_t s);
 /* y[t][r] (+)= W[r] . x[t] for t < T (add: accumulate); y2 (may be NULL): a copy of the result. */
-/* 1: every one-token store / add product on the register loop (cuda_q8.cu), not only those it pays for
- * (tests); the same bits either way. */
+/* 1: every one-token target product (store, add, gate/up) on the register loop (cuda_q8.cu), not only those
+ * it pays for (tests); the same bits either way. */
 void fmc_q8_set_reg_all(int on);
 void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, int add, float *y2,
                    int ldy2, int pdl, cudaStream_t s);

@@ -70,8 +70,8 @@ void fmc_q8_repack(const void *blocks, int N, int K, int glu, int4 *qs, uint32_t
      * evenly. On the H200 against 5 an SM (the shared-memory limit), same run: plain step 2.589 -> 2.515 ms,
      * verify(17) 4.44 -> 4.11 ms, prefill 512 26.7 -> 25.9 ms, the Q8_0 draft 1.032 -> 1.026 ms (per_sm 3:
      * step 2.52-2.55 ms). */
-    const char *e = getenv("FMC_Q8_PER_SM");
-    gemm_plan(&w->sp, NB, NT16, glu, e && atoi(e) > 0 ? atoi(e) : 2);
+    const char *e = getenv("FMC_Q8_PER_SM"), *eb = getenv("FMC_Q8_PLAN_BELOW"); /* (experiments) */
+    gemm_plan(&w->sp, NB, NT16, glu, e && atoi(e) > 0 ? atoi(e) : 2, eb && atoi(eb) > 0 ? atoi(eb) : 4);
 }
 
 void fmc_split_scratch(const fmc_split *sp, int N, size_t *part_floats, int *counters) {
@@ -244,20 +244,21 @@ size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit) {
 }
 
 /* Which products of up to 8 tokens (one n-tile) take the register loop (fm_cuda_debug_set_q8_reg_all: every
- * one-token store / add product, so that the tiny test models run it too). Measured on the H200
+ * one-token product of the target, gate/up too, so that the tiny test models run it). Measured on the H200
  * (bench_cuda, FM_BENCH_TARGET_ONLY=1; each kernel alone at one token, staged -> registers): lm_head 122.7
  * -> 104.6 us (9,496 blocks: many waves), down 13.2 -> 12.7 us (76 tiles a warp), but gate/up 25.1 ->
  * 31.8, qkv 10.6 -> 11.3, wo 6.6 -> 6.8 us; in the step's graph with these two only, three rounds against
  * the staged loop in one call: 2.550 -> 2.508 ms. */
 static int g_reg_all = 0;
 static bool q8_takes_reg_loop(const fmc_q8 *w, int T, int mode) {
+    if (g_reg_all && T == 1 && (mode == Q8_STORE || mode == Q8_ADD || mode == Q8_GLU)) return true;
     if (T > 8 || (mode != Q8_STORE && mode != Q8_ADD)) return false;
     const unsigned grid = (unsigned)((w->N + 15) / 16 / w->sp.rt) * w->sp.kc;
     const int tiles_a_warp = (w->K / 32) / (w->sp.w * w->sp.kc);
     /* Many waves, up to 8 tokens (verify(8), drafts of 7: the lm_head at 8 tokens 124.2 -> 108.4 us); long
      * warp shares at one token only (down at 8 tokens 13.27 -> 13.40 us). */
     if (grid > 8u * (unsigned)fmc_sm_count()) return true;
-    return T == 1 && (g_reg_all || tiles_a_warp >= 64);
+    return T == 1 && tiles_a_warp >= 64;
 }
 
 void fmc_q8_set_reg_all(int on) {
@@ -265,7 +266,10 @@ void fmc_q8_set_reg_all(int on) {
 }
 
 static q8_kernel q8_pick(int NT, int mode, bool reg) {
-    if (reg) return mode == Q8_ADD ? k_q8_gemm_reg<Q8_ADD> : k_q8_gemm_reg<Q8_STORE>;
+    if (reg)
+        return mode == Q8_ADD   ? k_q8_gemm_reg<Q8_ADD>
+               : mode == Q8_GLU ? k_q8_gemm_reg<Q8_GLU>
+                                : k_q8_gemm_reg<Q8_STORE>;
 #define X(nt, m)                                                                                             \
     if (NT == nt && mode == m) return k_q8_gemm<nt, m>;
     Q8_KERNELS(X)
@@ -284,10 +288,13 @@ int fmc_q8_init(void) {
                                 Q8_SMEM_LIMIT) != cudaSuccess;
     bad |= cudaFuncSetAttribute(k_q8_gemm_reg<Q8_ADD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 Q8_SMEM_LIMIT) != cudaSuccess;
+    bad |= cudaFuncSetAttribute(k_q8_gemm_reg<Q8_GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                Q8_SMEM_LIMIT) != cudaSuccess;
     const char *e = getenv("FMC_Q8_MAXB");
     if (e) g_maxb = atoi(e);
-    /* every one-token store / add product on the register loop (experiments, e.g. with FMC_Q8_PER_SM: the
-     * single-wave products split over more blocks, which the register loop's need no stage memory for) */
+    /* every one-token target product on the register loop (experiments, e.g. with FMC_Q8_PER_SM and
+     * FMC_Q8_PLAN_BELOW: the single-wave products split over more blocks, in several waves, which the
+     * register loop's blocks need no stage memory for) */
     if (getenv("FMC_Q8_REG_ALL")) g_reg_all = 1;
     int dev = 0, sm = 0, reserved = 0;
     if (cudaGetDevice(&dev) == cudaSuccess &&
@@ -323,8 +330,9 @@ static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float 
     const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
     const int NT = (T + 7) / 8;
     const bool reg = q8_takes_reg_loop(w, T, mode);
-    /* the register loop's blocks keep only the merge's buffer in shared memory */
-    const size_t smem = reg ? (size_t)w->sp.rt * w->sp.w * 4 * 32 * 4 : q8_smem(&w->sp, NT, mode);
+    /* the register loop's blocks keep only the merge's buffer (and the GLU epilogue's) in shared memory */
+    const size_t smem = reg ? (size_t)w->sp.rt * w->sp.w * 4 * 32 * 4 + (mode == Q8_GLU ? 8 * 64 * 4 : 0)
+                            : q8_smem(&w->sp, NT, mode);
     fmc_launch(q8_pick(NT, mode, reg), dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
                fmc_gemm_spread(smem, groups * w->sp.kc, Q8_SMEM_LIMIT), s, pdl, a);
 }

@@ -473,7 +473,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
      * launch mode gives the same bits. */
     float *ref17 = malloc(sizeof(float) * 17 * V);
     for (int mode = 0; mode < 5; mode++) {
-        /* mode 4: graphs and PDL, every one-token store / add product on the register loop (whose default
+        /* mode 4: graphs and PDL, every one-token product of the target on the register loop (whose default
          * choice takes only full-size matrices) */
         const int graphs = !(mode & 1), pdl = !(mode & 2);
         fm_cuda_debug_set_graphs(gb, graphs);
