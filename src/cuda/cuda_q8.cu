@@ -15,6 +15,7 @@
  * Q8_0) runs one token per 256-thread block with a fixed reduction order, so a token's values never depend
  * on T either. */
 #include <algorithm>
+#include <initializer_list>
 
 #include "cuda/cuda_q8_narrow.cuh"
 
@@ -284,12 +285,9 @@ int fmc_q8_init(void) {
                                 Q8_SMEM_LIMIT) != cudaSuccess;
     Q8_KERNELS(X)
 #undef X
-    bad |= cudaFuncSetAttribute(k_q8_gemm_reg<Q8_STORE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                Q8_SMEM_LIMIT) != cudaSuccess;
-    bad |= cudaFuncSetAttribute(k_q8_gemm_reg<Q8_ADD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                Q8_SMEM_LIMIT) != cudaSuccess;
-    bad |= cudaFuncSetAttribute(k_q8_gemm_reg<Q8_GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                Q8_SMEM_LIMIT) != cudaSuccess;
+    for (q8_kernel k : {k_q8_gemm_reg<Q8_STORE>, k_q8_gemm_reg<Q8_ADD>, k_q8_gemm_reg<Q8_GLU>})
+        bad |= cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Q8_SMEM_LIMIT) !=
+               cudaSuccess;
     const char *e = getenv("FMC_Q8_MAXB");
     if (e) g_maxb = atoi(e);
     /* every one-token target product on the register loop (experiments, e.g. with FMC_Q8_PER_SM and
@@ -330,9 +328,7 @@ static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float 
     const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
     const int NT = (T + 7) / 8;
     const bool reg = q8_takes_reg_loop(w, T, mode);
-    /* the register loop's blocks keep only the merge's buffer (and the GLU epilogue's) in shared memory */
-    const size_t smem = reg ? (size_t)w->sp.rt * w->sp.w * 4 * 32 * 4 + (mode == Q8_GLU ? 8 * 64 * 4 : 0)
-                            : q8_smem(&w->sp, NT, mode);
+    const size_t smem = q8_smem(&w->sp, NT, mode, reg);
     fmc_launch(q8_pick(NT, mode, reg), dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
                fmc_gemm_spread(smem, groups * w->sp.kc, Q8_SMEM_LIMIT), s, pdl, a);
 }

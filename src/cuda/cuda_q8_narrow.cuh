@@ -1,8 +1,8 @@
 /* cuda_q8_narrow.cuh: the narrow Q8_0 product (1..32 tokens) of one block, as a device function: the
  * kernel of cuda_q8.cu runs it once per block with PDL (q8_pdl_sync), the bench-only persistent kernels of
  * cuda_q8_persist.cu run it for several products in one launch with their own waits. Its stage layout and
- * shared-memory size are here too, and its one-token form with tiles in registers (q8_reg_loop). The kernel's
- * code is the same as when it was the kernel's body (the same SASS, checked with cuobjdump). */
+ * shared-memory size are here too, and its one-token form with tiles in registers (q8_reg_loop). The staged
+ * code is the kernel's former body (the same SASS when it was moved here, checked with cuobjdump). */
 #ifndef FM_CUDA_Q8_NARROW_CUH
 #define FM_CUDA_Q8_NARROW_CUH
 
@@ -37,10 +37,11 @@ __host__ __device__ constexpr bool q8_glu_in_stages(int NT) {
     return NT >= 3;
 }
 
-/* The warps' stages, the merge's buffer (red), the GLU epilogue's buffer. */
-static inline size_t q8_smem(const fmc_split *sp, int NT, int mode) {
+/* The warps' stages (none for the register loop: reg), the merge's buffer (red), the GLU epilogue's buffer.
+ */
+static inline size_t q8_smem(const fmc_split *sp, int NT, int mode, bool reg = false) {
     const size_t warps = (size_t)sp->rt * sp->w, glu = (size_t)8 * NT * 64 * 4;
-    size_t stages = warps * q8_stages(NT) * q8_stage_bytes(NT), s = warps * NT * 4 * 32 * 4;
+    size_t stages = reg ? 0 : warps * q8_stages(NT) * q8_stage_bytes(NT), s = warps * NT * 4 * 32 * 4;
     if (mode == Q8_GLU) {
         if (q8_glu_in_stages(NT))
             stages = std::max(stages, glu);
