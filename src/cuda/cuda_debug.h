@@ -35,8 +35,9 @@ uint64_t fm_cuda_debug_step_bytes(const fm_cuda_backend *b);
 void fm_cuda_debug_sync(void);
 /* 0: plain launches; 1 (default): programmatic dependent launch inside forwards of up to 32 rows. */
 void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on);
-/* 1: every one-token Q8_0 product of the target (gate/up too) through the register loop (process-wide; the
- * default 0 takes it where it pays: cuda_q8.cu), so that the tiny models' bit-for-bit checks run it. */
+/* 1: every Q8_0 store / add product of up to 16 rows and the one-token gate/up through the register loop
+ * (process-wide; the default 0 takes it where it pays: cuda_q8.cu), so that the tiny models' bit-for-bit
+ * checks run it. */
 void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on);
 /* Milliseconds the backend's creation spent capturing its graphs (a step, the verify block sizes, drafts). */
 double fm_cuda_debug_warm_ms(const fm_cuda_backend *b);

@@ -15,7 +15,6 @@
  * Q8_0) runs one token per 256-thread block with a fixed reduction order, so a token's values never depend
  * on T either. */
 #include <algorithm>
-#include <initializer_list>
 
 #include "cuda/cuda_q8_narrow.cuh"
 
@@ -204,11 +203,18 @@ void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, in
 template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemm(const q8_args a) {
     q8_gemm_block<NT, MODE>(a, blockIdx.x, q8_pdl_sync{});
 }
-/* One token with REG_DEPTH tiles a warp in flight in registers (q8_reg_loop): the same bits. */
-enum { REG_DEPTH = 8 };
-template <int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemm_reg(const q8_args a) {
-    q8_gemm_block<1, MODE, q8_pdl_sync, REG_DEPTH>(a, blockIdx.x, q8_pdl_sync{});
+/* REG_DEPTH tiles a warp in flight in registers (q8_reg_loop): the same bits. Up to two n-tiles (16
+ * tokens): at three (159 -> 212 registers a thread) the lm_head at 17 tokens took 227 against 199-202 us
+ * staged (H200, same run). */
+enum { REG_DEPTH = 8, REG_MAX_NT = 2 };
+template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemm_reg(const q8_args a) {
+    q8_gemm_block<NT, MODE, q8_pdl_sync, REG_DEPTH>(a, blockIdx.x, q8_pdl_sync{});
 }
+/* The register loop's kernels: store / add up to REG_MAX_NT n-tiles, the GLU at one. */
+/* clang-format off */
+#define Q8_REG_KERNELS(X)                                                                                    \
+    X(1, Q8_STORE) X(2, Q8_STORE) X(1, Q8_ADD) X(2, Q8_ADD) X(1, Q8_GLU)
+/* clang-format on */
 
 /* A mode a line, kept out of clang-format, which reflows X-macro lists differently on each pass. */
 /* clang-format off */
@@ -244,16 +250,20 @@ size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit) {
     return room < limit ? room : limit;
 }
 
-/* Which products of up to 8 tokens (one n-tile) take the register loop (fm_cuda_debug_set_q8_reg_all: every
- * one-token product of the target, gate/up too, so that the tiny test models run it). Measured on the H200
+/* Which products take the register loop (fm_cuda_debug_set_q8_reg_all: every store / add product of up to
+ * 16 tokens and the one-token gate/up, so that the tiny test models run it). Measured on the H200
  * (bench_cuda, FM_BENCH_TARGET_ONLY=1; each kernel alone at one token, staged -> registers): lm_head 122.7
  * -> 104.6 us (9,496 blocks: many waves), down 13.2 -> 12.7 us (76 tiles a warp), but gate/up 25.1 ->
  * 31.8, qkv 10.6 -> 11.3, wo 6.6 -> 6.8 us; in the step's graph with these two only, three rounds against
- * the staged loop in one call: 2.550 -> 2.508 ms. */
+ * the staged loop in one call: 2.550 -> 2.508 ms. At 9..16 tokens every store / add product takes it
+ * (verify(9) 3.37-3.39 -> 3.27-3.30 ms, verify(16) 3.45 -> 3.36-3.38, simulated acceptance 8 with the Q8_0
+ * drafter 4.93-4.98 -> 5.09-5.15x plain); gate/up there too was slower (verify(9) 3.46 ms). */
 static int g_reg_all = 0;
 static bool q8_takes_reg_loop(const fmc_q8 *w, int T, int mode) {
-    if (g_reg_all && T == 1 && (mode == Q8_STORE || mode == Q8_ADD || mode == Q8_GLU)) return true;
-    if (T > 8 || (mode != Q8_STORE && mode != Q8_ADD)) return false;
+    const bool store = mode == Q8_STORE || mode == Q8_ADD;
+    if (g_reg_all && ((store && T <= 8 * REG_MAX_NT) || (mode == Q8_GLU && T == 1))) return true;
+    if (T > 8 * REG_MAX_NT || !store) return false;
+    if (T > 8) return true;
     const unsigned grid = (unsigned)((w->N + 15) / 16 / w->sp.rt) * w->sp.kc;
     const int tiles_a_warp = (w->K / 32) / (w->sp.w * w->sp.kc);
     /* Many waves, up to 8 tokens (verify(8), drafts of 7: the lm_head at 8 tokens 124.2 -> 108.4 us); long
@@ -267,12 +277,12 @@ void fmc_q8_set_reg_all(int on) {
 }
 
 static q8_kernel q8_pick(int NT, int mode, bool reg) {
-    if (reg)
-        return mode == Q8_ADD   ? k_q8_gemm_reg<Q8_ADD>
-               : mode == Q8_GLU ? k_q8_gemm_reg<Q8_GLU>
-                                : k_q8_gemm_reg<Q8_STORE>;
 #define X(nt, m)                                                                                             \
-    if (NT == nt && mode == m) return k_q8_gemm<nt, m>;
+    if (reg && NT == nt && mode == m) return k_q8_gemm_reg<nt, m>;
+    Q8_REG_KERNELS(X)
+#undef X
+#define X(nt, m)                                                                                             \
+    if (!reg && NT == nt && mode == m) return k_q8_gemm<nt, m>;
     Q8_KERNELS(X)
 #undef X
     return NULL;
@@ -285,14 +295,17 @@ int fmc_q8_init(void) {
                                 Q8_SMEM_LIMIT) != cudaSuccess;
     Q8_KERNELS(X)
 #undef X
-    for (q8_kernel k : {k_q8_gemm_reg<Q8_STORE>, k_q8_gemm_reg<Q8_ADD>, k_q8_gemm_reg<Q8_GLU>})
-        bad |= cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Q8_SMEM_LIMIT) !=
-               cudaSuccess;
+#define X(nt, m)                                                                                             \
+    bad |= cudaFuncSetAttribute(k_q8_gemm_reg<nt, m>, cudaFuncAttributeMaxDynamicSharedMemorySize,           \
+                                Q8_SMEM_LIMIT) != cudaSuccess;
+    Q8_REG_KERNELS(X)
+#undef X
     const char *e = getenv("FMC_Q8_MAXB");
     if (e) g_maxb = atoi(e);
-    /* every one-token target product on the register loop (experiments; on the H200 a step took 2.66 ms
-     * against 2.49, and 2.80-2.83 with FMC_Q8_PER_SM / FMC_Q8_PLAN_BELOW at 8 or 16: more blocks in
-     * several waves merge more partial sums than the waves save, RESULTS "Twentieth session") */
+    /* the register loop wherever g_reg_all takes it (experiments; on the H200 a step with every one-token
+     * product on it took 2.66 ms against 2.49, and 2.80-2.83 with FMC_Q8_PER_SM / FMC_Q8_PLAN_BELOW at 8
+     * or 16: more blocks in several waves merge more partial sums than the waves save, RESULTS "Twentieth
+     * session") */
     if (getenv("FMC_Q8_REG_ALL")) g_reg_all = 1;
     int dev = 0, sm = 0, reserved = 0;
     if (cudaGetDevice(&dev) == cudaSuccess &&

@@ -1,7 +1,7 @@
 /* cuda_q8_narrow.cuh: the narrow Q8_0 product (1..32 tokens) of one block, as a device function: the
  * kernel of cuda_q8.cu runs it once per block with PDL (q8_pdl_sync), the bench-only persistent kernels of
  * cuda_q8_persist.cu run it for several products in one launch with their own waits. Its stage layout and
- * shared-memory size are here too, and its one-token form with tiles in registers (q8_reg_loop). The staged
+ * shared-memory size are here too, and its form with tiles in registers (q8_reg_loop). The staged
  * code is the kernel's former body (the same SASS when it was moved here, checked with cuobjdump). */
 #ifndef FM_CUDA_Q8_NARROW_CUH
 #define FM_CUDA_Q8_NARROW_CUH
@@ -60,43 +60,52 @@ __device__ __forceinline__ int4 ld_stream16(const int4 *p) {
     return v;
 }
 
-/* One token, RD tiles a warp in flight in registers instead of shared-memory stages: each lane loads its own
- * 16 bytes of a tile, its scale pair, its activation fragment (zeros past token 0, as the stages' zero fill)
- * and the tokens' scales straight into registers. A staged tile moves 1,152 bytes through the L1 pipe twice
- * (ncu: L1/TEX 57-72 % busy in the step's products, 16 excess sectors a tile); here about its 512. The same
- * mma and scaling of the same tiles in the same order as the staged loop: the same bits. Which products it
- * pays for: cuda_q8.cu (q8_takes_reg_loop). */
-template <int RD, class SYNC>
-__device__ __forceinline__ void q8_reg_loop(float (&acc)[4], const int4 *ap, const uint32_t *sp8,
-                                            const uint2 *xg, const float *dg, int nbw, bool xl,
-                                            const SYNC &sync) {
+/* Up to NT n-tiles of 8 tokens, RD tiles a warp in flight in registers instead of shared-memory stages: each
+ * lane loads its own 16 bytes of a tile, its scale pair, its activation fragments (zeros for tokens past T,
+ * as the stages' zero fill) and the tokens' scales straight into registers. A staged tile moves 1,152 bytes
+ * through the L1 pipe twice (ncu: L1/TEX 57-72 % busy in the step's products, 16 excess sectors a tile);
+ * here about its 512. The same mma and scaling of the same tiles in the same order as the staged loop: the
+ * same bits. Which products it pays for: cuda_q8.cu (q8_takes_reg_loop). xn / dn: from one n-tile's
+ * fragments / scales to the next. */
+template <int RD, int NT, class SYNC>
+__device__ __forceinline__ void q8_reg_loop(float (&acc)[NT][4], const int4 *ap, const uint32_t *sp8,
+                                            const uint2 *xg, const float *dg, size_t xn, size_t dn, int nbw,
+                                            const bool (&xl)[NT], const SYNC &sync) {
     int4 W[RD];
     uint32_t S[RD];
-    uint2 X[RD];
-    float2 D[RD];
+    uint2 X[NT][RD];
+    float2 D[NT][RD];
 #pragma unroll
     for (int k = 0; k < RD; k++)
         if (k < nbw) W[k] = ld_stream16(ap + k * 32), S[k] = __ldg(sp8 + k * 8);
     sync.wait();
 #pragma unroll
     for (int k = 0; k < RD; k++)
-        if (k < nbw) {
-            X[k] = xl ? __ldcg(xg + k * 32) : make_uint2(0, 0);
-            D[k] = __ldcg((const float2 *)(dg + k * 8));
-        }
+        if (k < nbw)
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                X[n][k] = xl[n] ? __ldcg(xg + n * xn + k * 32) : make_uint2(0, 0);
+                D[n][k] = __ldcg((const float2 *)(dg + n * dn + k * 8));
+            }
     for (int it0 = 0; it0 < nbw; it0 += RD) {
 #pragma unroll
         for (int k = 0; k < RD; k++) {
             const int it = it0 + k;
             if (it >= nbw) break;
-            int d[4];
-            mma_s8(d, W[k], X[k].x, X[k].y);
-            q8_scale_add<4>(acc, d, half_lo(S[k]), half_hi(S[k]), D[k]);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                int d[4];
+                mma_s8(d, W[k], X[n][k].x, X[n][k].y);
+                q8_scale_add<4>(acc[n], d, half_lo(S[k]), half_hi(S[k]), D[n][k]);
+            }
             const int nx = it + RD;
             if (nx < nbw) {
                 W[k] = ld_stream16(ap + nx * 32), S[k] = __ldg(sp8 + nx * 8);
-                X[k] = xl ? __ldcg(xg + nx * 32) : make_uint2(0, 0);
-                D[k] = __ldcg((const float2 *)(dg + nx * 8));
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    X[n][k] = xl[n] ? __ldcg(xg + n * xn + nx * 32) : make_uint2(0, 0);
+                    D[n][k] = __ldcg((const float2 *)(dg + n * dn + nx * 8));
+                }
             }
         }
     }
@@ -143,10 +152,15 @@ __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned b
 #pragma unroll
     for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     if constexpr (RD > 0) {
-        static_assert(NT == 1, "the register loop is for one token");
+        /* every lane reads its own scales: its rows' pair and its tokens' pair */
+        const uint32_t *sr = a.sc + ((int64_t)lt * NB + b0) * 8 + g;
+        const float *dr = a.xd + (size_t)b0 * 8 + 2 * c;
+        bool xl[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++) xl[n] = 8 * n + g < T;
         sync.start();
         if (active)
-            q8_reg_loop<RD>(acc[0], ap, sp8, xg, dg, nbw, g < T, sync);
+            q8_reg_loop<RD, NT>(acc, ap, sr, xg, dr, (size_t)NB * 32, (size_t)NB * 8, nbw, xl, sync);
         else
             sync.wait();
     } else {
