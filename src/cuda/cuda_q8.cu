@@ -210,10 +210,12 @@ enum { REG_DEPTH = 8, REG_MAX_NT = 2 };
 template <int NT, int MODE> __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemm_reg(const q8_args a) {
     q8_gemm_block<NT, MODE, q8_pdl_sync, REG_DEPTH>(a, blockIdx.x, q8_pdl_sync{});
 }
-/* The register loop's kernels: store / add up to REG_MAX_NT n-tiles, the GLU at one. */
+/* The register loop's kernels: the target's store / add up to REG_MAX_NT n-tiles, its GLU at one, the
+ * drafter's modes at two (its 16 slots). */
 /* clang-format off */
 #define Q8_REG_KERNELS(X)                                                                                    \
-    X(1, Q8_STORE) X(2, Q8_STORE) X(1, Q8_ADD) X(2, Q8_ADD) X(1, Q8_GLU)
+    X(1, Q8_STORE) X(2, Q8_STORE) X(1, Q8_ADD) X(2, Q8_ADD) X(1, Q8_GLU)                                     \
+    X(2, Q8_DSTORE) X(2, Q8_DGELU) X(2, Q8_DGATE)
 /* clang-format on */
 
 /* A mode a line, kept out of clang-format, which reflows X-macro lists differently on each pass. */
@@ -255,15 +257,18 @@ size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit) {
  * (bench_cuda, FM_BENCH_TARGET_ONLY=1; each kernel alone at one token, staged -> registers): lm_head 122.7
  * -> 104.6 us (9,496 blocks: many waves), down 13.2 -> 12.7 us (76 tiles a warp), but gate/up 25.1 ->
  * 31.8, qkv 10.6 -> 11.3, wo 6.6 -> 6.8 us; in the step's graph with these two only, three rounds against
- * the staged loop in one call: 2.550 -> 2.508 ms. At 9..16 tokens every store / add product takes it
+ * the staged loop in one call: 2.550 -> 2.508 ms. At 9..16 tokens every product but gate/up takes it
  * (verify(9) 3.37-3.39 -> 3.27-3.30 ms, verify(16) 3.45 -> 3.36-3.38, simulated acceptance 8 with the Q8_0
- * drafter 4.93-4.98 -> 5.09-5.15x plain); gate/up there too was slower (verify(9) 3.46 ms). */
+ * drafter 4.93-4.98 -> 5.09-5.15x plain; gate/up there too: verify(9) 3.46 ms), the drafter's 16 slots
+ * included (a draft 1.017-1.022 -> 0.985-0.986 ms, though fc1 / fc2 alone take 13.7 / 21.2-21.4 ->
+ * 16.5-16.8 / 23.0-23.1 us: in the draft's graph the blocks without stage memory win). */
 static int g_reg_all = 0;
 static bool q8_takes_reg_loop(const fmc_q8 *w, int T, int mode) {
     const bool store = mode == Q8_STORE || mode == Q8_ADD;
     if (g_reg_all && ((store && T <= 8 * REG_MAX_NT) || (mode == Q8_GLU && T == 1))) return true;
-    if (T > 8 * REG_MAX_NT || !store) return false;
-    if (T > 8) return true;
+    if (T > 8 * REG_MAX_NT) return false;
+    if (T > 8) return mode != Q8_GLU;
+    if (!store) return false;
     const unsigned grid = (unsigned)((w->N + 15) / 16 / w->sp.rt) * w->sp.kc;
     const int tiles_a_warp = (w->K / 32) / (w->sp.w * w->sp.kc);
     /* Many waves, up to 8 tokens (verify(8), drafts of 7: the lm_head at 8 tokens 124.2 -> 108.4 us); long
