@@ -11,31 +11,46 @@
 #   bench/build_llamacpp.sh --from-pypi SRC_DIR [BUILD_DIR] [--with-cli]
 #       First unpacks the llama.cpp that PyPI's llama-cpp-python sdist vendors into SRC_DIR (pip download;
 #       used where GitHub cannot be reached) and records the upstream commit its CHANGELOG names.
+#   bench/build_llamacpp.sh [--from-pypi] --pack TARBALL SRC_DIR
+#       Builds nothing: writes SRC_DIR (unpacked first with --from-pypi) without what no build reads (models,
+#       docs, media, benches, gguf-py, conversion, .github: 176 -> 8 MB) as an xz tarball whose top folder is
+#       llsrc, small enough to carry to the GPU machine, which has no network (scripts/device_run.sh
+#       llama-build unpacks and builds it there).
 #
 # Release, GGML_NATIVE=ON (the build machine's ISA: AVX2 here, AVX-512 where present), CPU only, -j${JOBS:-2}.
 # BUILD_DIR defaults to SRC_DIR/build-flashmap. Prints the llama.cpp commit built and, last, the path of
 # llama-bench (on a line "llama-bench: PATH"). Invariant: nothing is written inside the flashmap repository.
 set -euo pipefail
 
-usage() { echo "usage: $0 [--from-pypi] [--cuda] SRC_DIR [BUILD_DIR] [--with-cli]" >&2; exit 2; }
+usage() {
+  echo "usage: $0 [--from-pypi] [--cuda] SRC_DIR [BUILD_DIR] [--with-cli]" >&2
+  echo "       $0 [--from-pypi] --pack TARBALL SRC_DIR" >&2
+  exit 2
+}
 
 from_pypi=0
 with_cli=0
 cuda=0
+pack=""
 args=()
-for a in "$@"; do
-  case "$a" in
+while [ $# -gt 0 ]; do
+  case "$1" in
     --from-pypi) from_pypi=1 ;;
     --with-cli) with_cli=1 ;;
     --cuda) cuda=1 ;;
+    --pack) [ $# -ge 2 ] || usage; pack="$2"; shift ;;
     -h|--help) usage ;;
-    -*) echo "$0: unknown option $a" >&2; usage ;;
-    *) args+=("$a") ;;
+    -*) echo "$0: unknown option $1" >&2; usage ;;
+    *) args+=("$1") ;;
   esac
+  shift
 done
 [ "${#args[@]}" -ge 1 ] || usage
 src="${args[0]}"
-build="${args[1]:-$src/build-flashmap$([ "$cuda" = 1 ] && echo -cuda)}"
+# (an if, not `[ ] && echo` in $(...): under set -e a false test there ended the script without a word)
+suffix=""
+if [ "$cuda" = 1 ]; then suffix="-cuda"; fi
+build="${args[1]:-$src/build-flashmap$suffix}"
 jobs="${JOBS:-2}"
 
 if [ "$from_pypi" = 1 ]; then
@@ -58,6 +73,19 @@ fi
 
 [ -f "$src/CMakeLists.txt" ] && [ -d "$src/ggml" ] || {
   echo "$0: $src: not a llama.cpp source tree (no CMakeLists.txt / ggml/)" >&2; exit 1; }
+
+if [ -n "$pack" ]; then
+  stage="$(mktemp -d)"
+  cp -r "$src/." "$stage/llsrc"
+  (cd "$stage/llsrc" && rm -rf .git models docs media benches gguf-py conversion .github && mkdir models)
+  # (an unpacked sdist brought its marker along; a checkout's commit goes into one, as .git stays behind)
+  head="$( [ -e "$src/.git" ] && git -C "$src" rev-parse HEAD 2>/dev/null || true)"
+  if [ -n "$head" ]; then echo "$head" > "$stage/llsrc/.flashmap-llama-commit"; fi
+  tar -cJf "$pack" -C "$stage" llsrc
+  rm -rf "$stage"
+  echo "llama.cpp source for the GPU machine: $pack ($(du -h "$pack" | cut -f1))"
+  exit 0
+fi
 
 # Which commit: a git checkout knows it; an unpacked archive may carry our marker file.
 if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then

@@ -3,7 +3,10 @@
 # libcurl, no libcrypto: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc
 # come from the carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
 # the full-size benchmark, the persistent-kernel probe and the PyTorch peer.
-# usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|peer|llama|ab]...
+# usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|peer|llama-build|llama|ab]...
+# llama-build: llama.cpp's CUDA llama-bench from a carried .devdeps/llsrc.tar.xz (made on the workstation by
+#   `bench/build_llamacpp.sh --from-pypi --pack .devdeps/llsrc.tar.xz /tmp/llsrc`) into /tmp/llb, which the
+#   llama step then takes (about 330 s with 12 jobs beside a GPU run on the H200's 16 cores).
 # ab: variants of one binary alternated process by process (a shared machine drifts; compare within a call):
 #   AB_VARIANTS  variants, one a line, each a list of environment assignments ("-" for none), e.g.
 #                AB_VARIANTS=$'-\nFMC_Q8_PER_SM=3'
@@ -75,10 +78,17 @@ for step in "$@"; do
                | tee "$OUT/persist.log" ;;
     peer) PYTHONUNBUFFERED=1 timeout "$lim" python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 \
             | tee "$OUT/peer.log" ;;
+    llama-build) if [ -f "$DEPS/llsrc.tar.xz" ]; then
+                   rm -rf /tmp/llsrc && tar -xJf "$DEPS/llsrc.tar.xz" -C /tmp &&
+                     JOBS=${LLAMA_JOBS:-16} timeout "$lim" bash "$ROOT/bench/build_llamacpp.sh" --cuda /tmp/llsrc \
+                       /tmp/llb 2>&1 | tail -3 | tee "$OUT/llama_build.log"
+                 else echo "llama-build: no $DEPS/llsrc.tar.xz (see the usage above)"; fi ;;
     # llama.cpp's CUDA build on the GGUF that bench synthesized (run bench first): prefill 512 and 128 decode
     # steps after a 512-token context, as bench_cuda measures ours. LLAMA_BENCH, or a carried
-    # .devdeps/bin/llama-bench, built by `bench/build_llamacpp.sh --cuda SRC_DIR` (here or on the workstation).
+    # .devdeps/bin/llama-bench, built by `bench/build_llamacpp.sh --cuda SRC_DIR` (here or on the workstation),
+    # or llama-build's.
     llama) LB=${LLAMA_BENCH:-$DEPS/bin/llama-bench}
+           [ -x "$LB" ] || LB=/tmp/llb/bin/llama-bench # llama-build's
            if [ -x "$LB" ] && [ -f "$WORK/qwen3-4b-q8_0.gguf" ]; then
              "$LB" -m "$WORK/qwen3-4b-q8_0.gguf" -ngl 99 -fa 0,1 -p 512 -n 0 -r 5 2>&1 | tee "$OUT/llama.log"
              "$LB" -m "$WORK/qwen3-4b-q8_0.gguf" -ngl 99 -fa 0,1 -p 0 -n 128 -d 512 -r 5 2>&1 \
