@@ -7,12 +7,15 @@
 # llama-build: llama.cpp's CUDA llama-bench from a carried .devdeps/llsrc.tar.xz (made on the workstation by
 #   `bench/build_llamacpp.sh --from-pypi --pack .devdeps/llsrc.tar.xz /tmp/llsrc`) into /tmp/llb, which the
 #   llama step then takes (about 330 s with 12 jobs beside a GPU run on the H200's 16 cores).
-# ab: variants of one binary alternated process by process (a shared machine drifts; compare within a call):
-#   AB_VARIANTS  variants, one a line, each a list of environment assignments ("-" for none), e.g.
-#                AB_VARIANTS=$'-\nFMC_Q8_PER_SM=3'
+# ab: variants alternated process by process (a shared machine drifts; compare within a call):
+#   AB_VARIANTS  variants, one a line, each a list of environment assignments ("-" for none) and at most one
+#                bin=NAME, which runs the carried .devdeps/bin/bench_cuda_NAME / test_cuda_parity_NAME (a
+#                build of another source: compile-time variants) instead of bench_cuda / test_cuda_parity, e.g.
+#                AB_VARIANTS=$'-\nFMC_Q8_PER_SM=3\nbin=new'
 #   AB_ROUNDS    rounds over the variants (default 3)
 #   AB_RUN       quick (default: FM_BENCH_QUICK=1, the plain step), target (FM_BENCH_TARGET_ONLY=1: kernels
-#                alone, verify blocks), or parity (test_cuda_parity under each variant: counts of PASS / FAIL)
+#                alone, verify blocks), full (the whole bench_cuda, ~30 s: step, verify blocks, drafts, the
+#                simulated 6.5 and 8), or parity (test_cuda_parity under each variant: counts of PASS / FAIL)
 # Each step ends after STEP_TIMEOUT seconds (default 400; the device's calls end at 600): a kernel that hangs
 # then costs the rest of the call, not all of it (a hung wait once took a whole call).
 set -u
@@ -95,19 +98,24 @@ for step in "$@"; do
                | tee -a "$OUT/llama.log"
            else echo "llama: no llama-bench ($LB) or no synthesized GGUF (run bench first)"; fi ;;
     ab) FM_BENCH_QUICK=1 timeout "$lim" "$B/bench_cuda" "$WORK" >/dev/null 2>&1 # the pair into WORK, once
+        full_lines='plain step \(graph \+|verify\(|draft \(block 16, (16|7) out, graph on\)'
+        full_lines+='|simulated acceptance (6.5|8.0), verify adaptive   '
         for round in $(seq "${AB_ROUNDS:-3}"); do
           while IFS= read -r v; do
             [ -n "$v" ] || continue
-            envs=(); [ "$v" = "-" ] || read -r -a envs <<<"$v"
+            words=(); envs=(); bin=""; [ "$v" = "-" ] || read -r -a words <<<"$v"
+            for w in "${words[@]}"; do case $w in bin=*) bin=_${w#bin=} ;; *) envs+=("$w") ;; esac; done
             echo "-- round $round [$v]"
+            [ -x "$B/bench_cuda$bin" ] || { echo "ab: no $B/bench_cuda$bin (carry it in .devdeps/bin)"; continue; }
             case ${AB_RUN:-quick} in
-              quick) env "${envs[@]}" FM_BENCH_QUICK=1 timeout 120 "$B/bench_cuda" "$WORK" 2>&1 \
+              quick) env "${envs[@]}" FM_BENCH_QUICK=1 timeout 120 "$B/bench_cuda$bin" "$WORK" 2>&1 \
                        | grep "plain step (graphs on, PDL on)" ;;
-              target) env "${envs[@]}" FM_BENCH_TARGET_ONLY=1 timeout 200 "$B/bench_cuda" "$WORK" 2>&1 \
+              target) env "${envs[@]}" FM_BENCH_TARGET_ONLY=1 timeout 200 "$B/bench_cuda$bin" "$WORK" 2>&1 \
                         | grep -E "plain step \(graph \+|RESULT kernel .*T=  [18]:|verify\(" ;;
-              parity) env "${envs[@]}" timeout "$lim" "$B/test_cuda_parity" "$WORK" >"$OUT/ab_parity.log" 2>&1
+              full) env "${envs[@]}" timeout 200 "$B/bench_cuda$bin" "$WORK" 2>&1 | grep -E "$full_lines" ;;
+              parity) env "${envs[@]}" timeout "$lim" "$B/test_cuda_parity$bin" "$WORK" >"$OUT/ab_parity.log" 2>&1
                       echo "PASS $(grep -c '^PASS' "$OUT/ab_parity.log"), FAIL $(grep -c '^FAIL' "$OUT/ab_parity.log")" ;;
-              *) echo "ab: AB_RUN is quick, target or parity" ;;
+              *) echo "ab: AB_RUN is quick, target, full or parity" ;;
             esac
           done <<<"${AB_VARIANTS:--}"
         done 2>&1 | tee "$OUT/ab.log" ;;
