@@ -258,10 +258,10 @@ size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit) {
  * -> 104.6 us (9,496 blocks: many waves), down 13.2 -> 12.7 us (76 tiles a warp), but gate/up 25.1 ->
  * 31.8, qkv 10.6 -> 11.3, wo 6.6 -> 6.8 us; in the step's graph with these two only, three rounds against
  * the staged loop in one call: 2.550 -> 2.508 ms. At 9..16 tokens every product but gate/up takes it
- * (verify(9) 3.37-3.39 -> 3.27-3.30 ms, verify(16) 3.45 -> 3.36-3.38, simulated acceptance 8 with the Q8_0
- * drafter 4.93-4.98 -> 5.09-5.15x plain; gate/up there too: verify(9) 3.46 ms), the drafter's 16 slots
- * included (a draft 1.017-1.022 -> 0.985-0.986 ms, though fc1 / fc2 alone take 13.7 / 21.2-21.4 ->
- * 16.5-16.8 / 23.0-23.1 us: in the draft's graph the blocks without stage memory win). */
+ * (verify(9) 3.37-3.39 -> 3.27-3.30 ms, verify(16) 3.45 -> 3.36-3.38; gate/up there too: verify(9) 3.46
+ * ms), the drafter's 16 slots included (a draft 1.017-1.022 -> 0.985-0.986 ms, though fc1 / fc2 alone
+ * take 13.7 / 21.2-21.4 -> 16.5-16.8 / 23.0-23.1 us: in the draft's graph the blocks without stage memory
+ * win). */
 static int g_reg_all = 0;
 static bool q8_takes_reg_loop(const fmc_q8 *w, int T, int mode) {
     const bool store = mode == Q8_STORE || mode == Q8_ADD;
