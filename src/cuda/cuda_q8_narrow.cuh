@@ -119,7 +119,8 @@ struct q8_pdl_sync {
 template <int NT, int MODE, class SYNC, int RD = 0>
 __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned bid, const SYNC &sync) {
     constexpr int STG = q8_stages(NT), SB = q8_stage_bytes(NT);
-    constexpr bool SH = q8_shared_scales(NT);
+    /* scales stored once a stage (the register loop has no stages: every lane reads its own) */
+    constexpr bool SH = q8_shared_scales(NT) && RD == 0;
     constexpr int XO = SH ? 544 : 640; /* offset of the activation fragments in a stage */
     extern __shared__ __align__(16) unsigned char smem[];
     const fmc_split sp = a.sp;
@@ -152,15 +153,12 @@ __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned b
 #pragma unroll
     for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     if constexpr (RD > 0) {
-        /* every lane reads its own scales: its rows' pair and its tokens' pair */
-        const uint32_t *sr = a.sc + ((int64_t)lt * NB + b0) * 8 + g;
-        const float *dr = a.xd + (size_t)b0 * 8 + 2 * c;
         bool xl[NT];
 #pragma unroll
         for (int n = 0; n < NT; n++) xl[n] = 8 * n + g < T;
         sync.start();
         if (active)
-            q8_reg_loop<RD, NT>(acc, ap, sr, xg, dr, (size_t)NB * 32, (size_t)NB * 8, nbw, xl, sync);
+            q8_reg_loop<RD, NT>(acc, ap, sp8, xg, dg, (size_t)NB * 32, (size_t)NB * 8, nbw, xl, sync);
         else
             sync.wait();
     } else {
