@@ -83,6 +83,10 @@ static int read_back(void *dst, const void *src, size_t bytes) {
     return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
 }
 
+extern "C" int fm_cuda_debug_set_cluster(int on) {
+    return fmc_gemm_set_cluster(on);
+}
+
 extern "C" int fm_cuda_debug_q8_matmul(const void *blocks, int N, int K, const float *x, const float *nw,
                                        float eps, int T, int chunk, int glu, float *y) {
     if (fmc_init() || K % 32 || (glu && N % 64)) return -1;

@@ -39,6 +39,10 @@ void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on);
  * (process-wide; the default 0 takes it where it pays: cuda_q8.cu), so that the tiny models' bit-for-bit
  * checks run it. */
 void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on);
+/* 0: the drafter's Q8_0 products merge the sums of a group's several blocks through L2 instead of in
+ * thread-block clusters (process-wide, for launches made after it; the same bits either way). Returns 1 if
+ * clusters are now used, 0 if not (off, or a device below sm_90). */
+int fm_cuda_debug_set_cluster(int on);
 /* Milliseconds the backend's creation spent capturing its graphs (a step, the verify block sizes, drafts). */
 double fm_cuda_debug_warm_ms(const fm_cuda_backend *b);
 /* Microseconds per launch of one kernel group on T rows, replayed in a graph over all layers' weights (so

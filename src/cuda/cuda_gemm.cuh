@@ -8,6 +8,8 @@
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_kernels.cuh"
 
+#include <cooperative_groups.h>
+
 enum { GEMM_MAX_TOK = 32, GEMM_SLOT = 4 * 4 * 32 /* floats of one tile's partial, 4 n-tiles */ };
 
 /* Pipeline depth (tiles in flight per warp): 8, or 4 for 17..32 tokens, whose activation fragments make a
@@ -40,12 +42,22 @@ static inline void gemm_plan(fmc_split *sp, int nb, int NT16, int glu, int per_s
  * grid spreads evenly over the SMs when it runs in one wave (cuda_q8.cu). */
 size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit);
 
+/* Floats of the kc blocks' sums that block 0 of a cluster takes in (gemm_merge's cs): [kc][rt][NT][4][32]. */
+__host__ __device__ constexpr size_t gemm_cluster_floats(int kc, int rt, int NT) {
+    return (size_t)kc * rt * NT * 4 * 32;
+}
+
 /* Merges the partial sums acc of warp (r, i) (tile r of the group, K share i) of block kci of group `group`:
  * the w warps of a tile in warp order (red: shared [warps][NT][4][32]), then, when kc > 1, the kc blocks in
- * block order by the last block to arrive. Returns -1 in blocks that are not the last (the whole block),
- * else 1 in the warps that hold their tile's final sums (i == 0) and 0 in the others. */
-template <int NT>
-__device__ int gemm_merge(float (&acc)[NT][4], const fmc_split &sp, int group, int kci, float *red) {
+ * block order. With CL (the group's kc blocks launched as one cluster; cs: gemm_cluster_floats of shared
+ * memory that the block no longer needs once all its threads are past the warp merge) by block 0, the others'
+ * sums pushed into its cs through distributed shared memory; else by the last block to arrive, through `part`
+ * in L2. The same additions in the same order either way. Returns -1 in the blocks that do not finish the
+ * group (the whole block), else 1 in the warps that hold their tile's final sums (i == 0) and 0 in the
+ * others. */
+template <int NT, bool CL = false>
+__device__ int gemm_merge(float (&acc)[NT][4], const fmc_split &sp, int group, int kci, float *red,
+                          float *cs = nullptr) {
     __shared__ unsigned last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = warp / sp.w, i = warp - r * sp.w;
     if (sp.w > 1) {
@@ -66,6 +78,44 @@ __device__ int gemm_merge(float (&acc)[NT][4], const fmc_split &sp, int group, i
                 }
     }
     if (sp.kc == 1) return i == 0;
+    if constexpr (CL) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        /* A global store, fence, atomic and load chain (about three L2 round trips on the last block's path)
+         * becomes two cluster barriers and one store into block 0's shared memory. The first barrier: every
+         * block of the cluster has started and block 0 is past its stages, where cs lies; the second: the
+         * pushed sums are visible to block 0 (release / acquire), and no block exits while another still
+         * writes into it. */
+        namespace cg = cooperative_groups;
+        const cg::cluster_group cl = cg::this_cluster();
+        const size_t tile = (size_t)NT * 4 * 32; /* floats of one tile's sums */
+        cl.sync();
+        if (kci > 0) {
+            if (i == 0) {
+                float *dst = cl.map_shared_rank(cs, 0) + ((size_t)kci * sp.rt + r) * tile + lane;
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) dst[(n * 4 + j) * 32] = acc[n][j];
+            }
+            cl.sync();
+            return -1;
+        }
+        cl.sync();
+        if (i == 0)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float v = acc[n][j];
+                    for (int k = 1; k < sp.kc; k++)
+                        v = __fadd_rn(v, cs[((size_t)k * sp.rt + r) * tile + (n * 4 + j) * 32 + lane]);
+                    acc[n][j] = v;
+                }
+        return i == 0;
+#else
+        __trap(); /* the host launches clusters on sm_90 and newer only */
+#endif
+    }
     float *slot = sp.part + ((size_t)group * sp.kc * sp.rt + r) * GEMM_SLOT;
     const size_t stride = (size_t)sp.rt * GEMM_SLOT; /* from block kci to kci + 1 */
     if (i == 0)

@@ -35,8 +35,9 @@
 /* How a product splits its work (fixed per matrix, never by T): a group of rt row tiles (1; 4 for the
  * gate/up product: 32 gate + 32 up rows) is computed by kc blocks, each of rt * w warps; warp (r, i) of block
  * j streams tile r's 32-blocks [(j w + i) nbw, (j w + i + 1) nbw), nbw = K/32 / (w kc). Partial sums are
- * added in warp order inside a block, then, when kc > 1, by the group's last block in block order (scratch
- * `part`, arrival counters `cnt`, one per group, zero between launches). */
+ * added in warp order inside a block, then, when kc > 1, in block order: by block 0 of the group when its kc
+ * blocks run as a thread-block cluster (sm_90: the others' sums pushed into its shared memory), else by
+ * the group's last block (scratch `part`, arrival counters `cnt`, one per group, zero between launches). */
 typedef struct {
     int rt, w, kc;
     float *part;   /* [groups][kc][rt][4 n-tiles][4][32] */
@@ -65,21 +66,36 @@ int fmc_init(void);
  * it. */
 int fmc_sm_count(void);
 
-/* Launches k with an optional programmatic-dependent-launch attribute. */
+/* Launches k with an optional programmatic-dependent-launch attribute and, for cluster > 1, in thread-block
+ * clusters of `cluster` consecutive blocks along x (sm_90; grid.x a multiple of it). */
 template <typename... P, typename... A>
-static inline void fmc_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int pdl,
-                              A &&...args) {
+static inline void fmc_launch_cluster(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                      int pdl, int cluster, A &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = (unsigned)cluster;
+        at[n].val.clusterDim.y = at[n].val.clusterDim.z = 1;
+        n++;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = n;
     cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
+template <typename... P, typename... A>
+static inline void fmc_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int pdl,
+                              A &&...args) {
+    fmc_launch_cluster(k, grid, block, smem, s, pdl, 1, std::forward<A>(args)...);
 }
 
 /* Median milliseconds of `reps` calls of run() on stream s, each timed by events, after `warm` unmeasured
@@ -133,6 +149,9 @@ void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, in
 /* 1: every one-token target product (store, add, gate/up) on the register loop (cuda_q8.cu), not only those
  * it pays for (tests); the same bits either way. */
 void fmc_q8_set_reg_all(int on);
+/* 0: the drafter's Q8_0 products merge a group's several blocks through L2, not in clusters (cuda_q8.cu;
+ * tests); the same bits either way. Returns whether clusters are now used (never below sm_90). */
+int fmc_gemm_set_cluster(int on);
 void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, int add, float *y2,
                    int ldy2, int pdl, cudaStream_t s);
 /* W = [gate; up] (2F rows): h = silu(gate . x) * (up . x), quantised to oq, od (fragment order, K = F). */

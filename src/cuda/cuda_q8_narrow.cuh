@@ -37,9 +37,19 @@ __host__ __device__ constexpr bool q8_glu_in_stages(int NT) {
     return NT >= 3;
 }
 
-/* The warps' stages (none for the register loop: reg), the merge's buffer (red), the GLU epilogue's buffer.
- */
-static inline size_t q8_smem(const fmc_split *sp, int NT, int mode, bool reg = false) {
+/* Where block 0 of a cluster takes the other blocks' sums (gemm_merge's cs), in bytes from the start of the
+ * shared memory: the stages, unused by then (up to 8 blocks a cluster, at most 8 rt NT 512 bytes: within
+ * the stages, and so clear of the GLU buffer that follows the merge's below 17 tokens); past the merge's and
+ * the GLU's buffers for the register loop, which has no stages. */
+__host__ __device__ constexpr size_t q8_cluster_off(int warps, int NT, int mode, bool reg) {
+    return !reg ? 0
+                : (size_t)warps * NT * 4 * 32 * 4 +
+                      (mode == Q8_GLU && !q8_glu_in_stages(NT) ? (size_t)8 * NT * 64 * 4 : 0);
+}
+
+/* The warps' stages (none for the register loop: reg), the merge's buffer (red), the GLU epilogue's buffer,
+ * and with cluster, block 0's room for the other blocks' sums. */
+static inline size_t q8_smem(const fmc_split *sp, int NT, int mode, bool reg = false, bool cluster = false) {
     const size_t warps = (size_t)sp->rt * sp->w, glu = (size_t)8 * NT * 64 * 4;
     size_t stages = reg ? 0 : warps * q8_stages(NT) * q8_stage_bytes(NT), s = warps * NT * 4 * 32 * 4;
     if (mode == Q8_GLU) {
@@ -48,7 +58,10 @@ static inline size_t q8_smem(const fmc_split *sp, int NT, int mode, bool reg = f
         else
             s += glu;
     }
-    return stages + s;
+    const size_t cs = cluster ? q8_cluster_off((int)warps, NT, mode, reg) +
+                                    gemm_cluster_floats(sp->kc, sp->rt, NT) * sizeof(float)
+                              : 0;
+    return std::max(stages + s, cs);
 }
 
 /* 16 bytes of a weight tile: no kernel writes them and each is read once, so not kept in L1. */
@@ -116,7 +129,7 @@ struct q8_pdl_sync {
     __device__ __forceinline__ void start() const { pdl_trigger(); }
     __device__ __forceinline__ void wait() const { pdl_wait(); }
 };
-template <int NT, int MODE, class SYNC, int RD = 0>
+template <int NT, int MODE, class SYNC, int RD = 0, bool CL = false>
 __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned bid, const SYNC &sync) {
     constexpr int STG = q8_stages(NT), SB = q8_stage_bytes(NT);
     /* scales stored once a stage (the register loop has no stages: every lane reads its own) */
@@ -268,7 +281,8 @@ __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned b
 #undef Q8_X
 #undef Q8_D
 
-    const int fin = gemm_merge<NT>(acc, sp, group, kci, red);
+    float *cs = CL ? (float *)(smem + q8_cluster_off(nwarps, NT, MODE, RD > 0)) : nullptr;
+    const int fin = gemm_merge<NT, CL>(acc, sp, group, kci, red, cs);
     if (fin < 0) return;
     if (MODE == Q8_GLU) {
         /* local rows 0..31: gate, 32..63: up (q8_glu_in_stages: every warp past the stages after the

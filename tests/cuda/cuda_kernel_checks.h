@@ -205,6 +205,19 @@ static void kc_check_q8d(int N, int K, int T, int mode, uint64_t seed) {
               "kernel q8 drafter N=%d K=%d T=%d mode %d: row %d == a launch of that row alone bit for bit", N,
               K, T, mode, t);
     }
+    /* The narrow kernel's groups of several blocks (gemm_plan gives these shapes kc = 2 from K = 2048)
+     * merged in thread-block clusters (sm_90) == merged through L2, bit for bit. */
+    if (T <= 32 && K >= 2048 && fm_cuda_debug_set_cluster(1)) {
+        float *y2 = malloc(sizeof(float) * (size_t)T * N);
+        memcpy(y2, y0, sizeof(float) * (size_t)T * N);
+        fm_cuda_debug_set_cluster(0);
+        const int rc2 = fm_cuda_debug_q8_dmatmul(w, N, K, x, T, bias, mode, gate, y2);
+        fm_cuda_debug_set_cluster(1);
+        CHECK(!rc2 && !memcmp(y2, y, sizeof(float) * (size_t)T * N),
+              "kernel q8 drafter N=%d K=%d T=%d mode %d: merged in clusters == through L2 bit for bit", N, K,
+              T, mode);
+        free(y2);
+    }
     free(w), free(x), free(bias), free(gate), free(y), free(ref), free(y0), free(y1);
 }
 
@@ -267,6 +280,7 @@ static void kc_run_all(void) {
     kc_check_q8d(40, 64, 1, 0, 13);
     kc_check_q8d(300, 2048, 16, 0, 14); /* kc = 2 */
     kc_check_q8d(300, 2048, 17, 1, 15);
+    kc_check_q8d(300, 2048, 16, 2, 43); /* the gated add at the drafter's 16 slots, kc = 2 */
     kc_check_q8d(2048, 512, 40, 2, 16); /* the wide kernel from 33 tokens, in each epilogue */
     kc_check_q8d(300, 2048, 200, 0, 25);
     kc_check_q8d(300, 2048, 133, 1, 26);
