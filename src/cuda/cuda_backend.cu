@@ -266,8 +266,14 @@ static int upload_dmat(fm_cuda_backend *b, dmat_t *dst, const fm_matrix *const *
             snprintf(err, errlen, "cuda: drafter %s: parts of different types", what);
             return -1;
         }
-    return dst->is_q8 ? upload_q8(b, &dst->q, parts, n, 0, what, err, errlen)
-                      : upload_bf16(b, &dst->h, parts, n, what, err, errlen);
+    if (!dst->is_q8) return upload_bf16(b, &dst->h, parts, n, what, err, errlen);
+    if (upload_q8(b, &dst->q, parts, n, 0, what, err, errlen)) return -1;
+    /* FMC_Q8_DRAFT_PLAN=per_sm,below: the split planned with other limits (experiments) */
+    const char *e = getenv("FMC_Q8_DRAFT_PLAN");
+    int per_sm = 2, below = 4;
+    if (e && sscanf(e, "%d,%d", &per_sm, &below) == 2 && per_sm > 0 && below > 0)
+        fmc_q8_plan(&dst->q, per_sm, below);
+    return 0;
 }
 
 static int upload_opt(fm_cuda_backend *b, float **dst, const float *src, size_t n, char *err, size_t errlen) {

@@ -128,6 +128,8 @@ template <class F> static double fmc_median_ms(F &&run, cudaStream_t s, int warm
 void fmc_q8_bytes(int N, int K, size_t *qs_bytes, size_t *sc_bytes);
 void fmc_q8_repack(const void *blocks, int N, int K, int glu, int4 *qs, uint32_t *sc, fmc_q8 *w,
                    cudaStream_t s);
+/* The split again, with other limits (gemm_plan's per_sm and below; experiments on the drafter's). */
+void fmc_q8_plan(fmc_q8 *w, int per_sm, int below);
 
 /* The activations of a Q8_0 product: quantised (xq, xd, fragment order), or, when x != NULL, f32 rows x (row
  * stride ldx) that the launcher first normalises (RMSNorm with weight nw, when nw != NULL) and quantises

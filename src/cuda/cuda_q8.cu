@@ -74,6 +74,10 @@ void fmc_q8_repack(const void *blocks, int N, int K, int glu, int4 *qs, uint32_t
     gemm_plan(&w->sp, NB, NT16, glu, e && atoi(e) > 0 ? atoi(e) : 2, eb && atoi(eb) > 0 ? atoi(eb) : 4);
 }
 
+void fmc_q8_plan(fmc_q8 *w, int per_sm, int below) {
+    gemm_plan(&w->sp, w->K / 32, (w->N + 15) / 16, 0, per_sm, below);
+}
+
 void fmc_split_scratch(const fmc_split *sp, int N, size_t *part_floats, int *counters) {
     const int groups = (N + 15) / 16 / sp->rt;
     *part_floats = sp->kc > 1 ? (size_t)groups * sp->kc * sp->rt * GEMM_SLOT : 0;
@@ -296,9 +300,9 @@ void fmc_q8_set_reg_all(int on) {
  * an atomic: the same additions in the same order. On sm_90 and newer, up to the portable 8 blocks a
  * cluster; FMC_Q8_NO_CLUSTER (or fmc_gemm_set_cluster(0)) keeps the L2 path. Measured on the H200
  * (bench_cuda, alternated in one call, two calls): a Q8_0 draft of 16 / 7 out 0.982-0.998 / 0.943-0.956 ->
- * 0.930-0.942 / 0.890-0.905 ms. Not used where it measured no gain: the target's products (wo, gate/up and
- * down of steps and verify blocks; step 2.548-2.563 -> 2.552-2.554 ms) and the BF16 drafter's (a draft
- * 1.247-1.250 -> 1.248-1.258 ms). */
+ * 0.930-0.942 / 0.890-0.905 ms. Not used where it was not measured to pay: the BF16 drafter's products (a
+ * draft 1.247-1.250 -> 1.248-1.258 ms) and the target's (at Qwen3-4B's shapes every target product has kc
+ * = 1, so none merges across blocks). */
 static bool g_cluster_ok = false, g_cluster = false;
 /* Once a process (fmc_init runs once per backend and per debug call): what the device and the environment
  * say, before any fmc_gemm_set_cluster. */
