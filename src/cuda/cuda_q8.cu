@@ -349,24 +349,20 @@ static q8_kernel q8_pick(int NT, int mode, bool reg, bool cl) {
 
 int fmc_q8_init(void) {
     int bad = 0;
-#define X(nt, m)                                                                                             \
-    bad |= cudaFuncSetAttribute(k_q8_gemm<nt, m, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,        \
-                                Q8_SMEM_LIMIT) != cudaSuccess;
+    auto smem_limit = [&bad](q8_kernel k) {
+        bad |= cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Q8_SMEM_LIMIT) !=
+               cudaSuccess;
+    };
+#define X(nt, m) smem_limit(k_q8_gemm<nt, m, false>);
     Q8_KERNELS(X)
 #undef X
-#define X(nt, m)                                                                                             \
-    bad |= cudaFuncSetAttribute(k_q8_gemm_reg<nt, m, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
-                                Q8_SMEM_LIMIT) != cudaSuccess;
+#define X(nt, m) smem_limit(k_q8_gemm_reg<nt, m, false>);
     Q8_REG_KERNELS(X)
 #undef X
-#define X(nt, m)                                                                                             \
-    bad |= cudaFuncSetAttribute(k_q8_gemm<nt, m, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,         \
-                                Q8_SMEM_LIMIT) != cudaSuccess;
+#define X(nt, m) smem_limit(k_q8_gemm<nt, m, true>);
     Q8_CLUSTER_KERNELS(X)
 #undef X
-#define X(nt, m)                                                                                             \
-    bad |= cudaFuncSetAttribute(k_q8_gemm_reg<nt, m, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
-                                Q8_SMEM_LIMIT) != cudaSuccess;
+#define X(nt, m) smem_limit(k_q8_gemm_reg<nt, m, true>);
     Q8_REG_CLUSTER_KERNELS(X)
 #undef X
     const char *e = getenv("FMC_Q8_MAXB");
