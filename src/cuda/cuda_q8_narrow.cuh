@@ -38,9 +38,10 @@ __host__ __device__ constexpr bool q8_glu_in_stages(int NT) {
 }
 
 /* Where block 0 of a cluster takes the other blocks' sums (gemm_merge's cs), in bytes from the start of the
- * shared memory: the stages, unused by then (up to 8 blocks a cluster, at most 8 rt NT 512 bytes: within
- * the stages, and so clear of the GLU buffer that follows the merge's below 17 tokens); past the merge's and
- * the GLU's buffers for the register loop, which has no stages. */
+ * shared memory: the stages, unused by then, and where they are too small the merge's buffer after them,
+ * read before the first cluster barrier (q8_smem makes the room; only the drafter's modes take clusters,
+ * so no GLU buffer follows); past the merge's and the GLU's buffers for the register loop, which has no
+ * stages. */
 __host__ __device__ constexpr size_t q8_cluster_off(int warps, int NT, int mode, bool reg) {
     return !reg ? 0
                 : (size_t)warps * NT * 4 * 32 * 4 +
