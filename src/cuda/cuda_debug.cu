@@ -84,7 +84,7 @@ static int read_back(void *dst, const void *src, size_t bytes) {
 }
 
 extern "C" int fm_cuda_debug_set_cluster(int on) {
-    return fmc_gemm_set_cluster(on);
+    return fmc_q8_set_cluster(on);
 }
 
 extern "C" int fm_cuda_debug_q8_matmul(const void *blocks, int N, int K, const float *x, const float *nw,

@@ -153,7 +153,7 @@ void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, in
 void fmc_q8_set_reg_all(int on);
 /* 0: the drafter's Q8_0 products merge a group's several blocks through L2, not in clusters (cuda_q8.cu;
  * tests); the same bits either way. Returns whether clusters are now used (never below sm_90). */
-int fmc_gemm_set_cluster(int on);
+int fmc_q8_set_cluster(int on);
 void fmc_q8_matmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, int add, float *y2,
                    int ldy2, int pdl, cudaStream_t s);
 /* W = [gate; up] (2F rows): h = silu(gate . x) * (up . x), quantised to oq, od (fragment order, K = F). */

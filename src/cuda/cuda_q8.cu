@@ -298,14 +298,14 @@ void fmc_q8_set_reg_all(int on) {
 /* A drafter product whose groups span several blocks (kc > 1) runs each group as one thread-block cluster, so
  * that the blocks' partial sums meet in shared memory (gemm_merge) rather than through L2 with a fence and
  * an atomic: the same additions in the same order. On sm_90 and newer, up to the portable 8 blocks a
- * cluster; FMC_Q8_NO_CLUSTER (or fmc_gemm_set_cluster(0)) keeps the L2 path. Measured on the H200
+ * cluster; FMC_Q8_NO_CLUSTER (or fmc_q8_set_cluster(0)) keeps the L2 path. Measured on the H200
  * (bench_cuda, alternated in one call, two calls): a Q8_0 draft of 16 / 7 out 0.982-0.998 / 0.943-0.956 ->
  * 0.930-0.942 / 0.890-0.905 ms. Not used where it was not measured to pay: the BF16 drafter's products (a
  * draft 1.247-1.250 -> 1.248-1.258 ms) and the target's (at Qwen3-4B's shapes every target product has kc
  * = 1, so none merges across blocks). */
 static bool g_cluster_ok = false, g_cluster = false;
 /* Once a process (fmc_init runs once per backend and per debug call): what the device and the environment
- * say, before any fmc_gemm_set_cluster. */
+ * say, before any fmc_q8_set_cluster. */
 static void q8_cluster_detect(void) {
     static bool done = false;
     int dev = 0, major = 0;
@@ -320,7 +320,7 @@ static bool q8_takes_cluster(const fmc_q8 *w, int mode) {
     return g_cluster && mode >= Q8_DSTORE && w->sp.kc > 1 && w->sp.kc <= 8;
 }
 
-int fmc_gemm_set_cluster(int on) {
+int fmc_q8_set_cluster(int on) {
     q8_cluster_detect();
     g_cluster = on && g_cluster_ok;
     return g_cluster;

@@ -39,13 +39,10 @@ __host__ __device__ constexpr bool q8_glu_in_stages(int NT) {
 
 /* Where block 0 of a cluster takes the other blocks' sums (gemm_merge's cs), in bytes from the start of the
  * shared memory: the stages, unused by then, and where they are too small the merge's buffer after them,
- * read before the first cluster barrier (q8_smem makes the room; only the drafter's modes take clusters,
- * so no GLU buffer follows); past the merge's and the GLU's buffers for the register loop, which has no
- * stages. */
-__host__ __device__ constexpr size_t q8_cluster_off(int warps, int NT, int mode, bool reg) {
-    return !reg ? 0
-                : (size_t)warps * NT * 4 * 32 * 4 +
-                      (mode == Q8_GLU && !q8_glu_in_stages(NT) ? (size_t)8 * NT * 64 * 4 : 0);
+ * read before the first cluster barrier (q8_smem makes the room); past the merge's buffer for the register
+ * loop, which has no stages. Only the drafter's modes take clusters, so no GLU buffer follows either. */
+__host__ __device__ constexpr size_t q8_cluster_off(int warps, int NT, bool reg) {
+    return reg ? (size_t)warps * NT * 4 * 32 * 4 : 0;
 }
 
 /* The warps' stages (none for the register loop: reg), the merge's buffer (red), the GLU epilogue's buffer,
@@ -59,7 +56,7 @@ static inline size_t q8_smem(const fmc_split *sp, int NT, int mode, bool reg = f
         else
             s += glu;
     }
-    const size_t cs = cluster ? q8_cluster_off((int)warps, NT, mode, reg) +
+    const size_t cs = cluster ? q8_cluster_off((int)warps, NT, reg) +
                                     gemm_cluster_floats(sp->kc, sp->rt, NT) * sizeof(float)
                               : 0;
     return std::max(stages + s, cs);
@@ -282,7 +279,8 @@ __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned b
 #undef Q8_X
 #undef Q8_D
 
-    float *cs = CL ? (float *)(smem + q8_cluster_off(nwarps, NT, MODE, RD > 0)) : nullptr;
+    static_assert(!CL || MODE >= Q8_DSTORE, "clusters for the drafter's modes only (q8_cluster_off)");
+    float *cs = CL ? (float *)(smem + q8_cluster_off(nwarps, NT, RD > 0)) : nullptr;
     const int fin = gemm_merge<NT, CL>(acc, sp, group, kci, red, cs);
     if (fin < 0) return;
     if (MODE == Q8_GLU) {
