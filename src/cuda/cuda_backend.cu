@@ -1218,6 +1218,11 @@ extern "C" void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on) {
     fmc_q8_set_reg_all(on);
 }
 
+extern "C" void fm_cuda_debug_set_q8_gemv(fm_cuda_backend *b, int rd) {
+    drop_graphs(b);
+    fmc_q8_set_gemv(rd);
+}
+
 static uint64_t q8_bytes(const fmc_q8 *w) {
     return (uint64_t)w->N * w->K + (uint64_t)w->N * (w->K / 32) * 2;
 }

@@ -39,6 +39,10 @@ void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on);
  * (process-wide; the default 0 takes it where it pays: cuda_q8.cu), so that the tiny models' bit-for-bit
  * checks run it. */
 void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on);
+/* rd 8, 12, 16: every target product of 1..8 rows copies its activations to shared memory and keeps rd
+ * weight tiles a warp in registers (process-wide); 0: none; -1: the default choice (one row, by the
+ * matrix's shape). */
+void fm_cuda_debug_set_q8_gemv(fm_cuda_backend *b, int rd);
 /* 0: the drafter's Q8_0 products merge the sums of a group's several blocks through L2 instead of in
  * thread-block clusters (process-wide, for launches made after it; the same bits either way). Returns 1 if
  * clusters are now used, 0 if not (off, or a device below sm_90). */

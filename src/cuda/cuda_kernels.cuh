@@ -151,6 +151,9 @@ void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, in
 /* 1: every one-token target product (store, add, gate/up) on the register loop (cuda_q8.cu), not only those
  * it pays for (tests); the same bits either way. */
 void fmc_q8_set_reg_all(int on);
+/* The products of 1..8 rows with their activations in shared memory (cuda_q8.cu): rd 8, 12 or 16 tiles in
+ * flight for every class of product, 0 none, -1 the default choice (tests); the same bits either way. */
+void fmc_q8_set_gemv(int rd);
 /* 0: the drafter's Q8_0 products merge a group's several blocks through L2, not in clusters (cuda_q8.cu;
  * tests); the same bits either way. Returns whether clusters are now used (never below sm_90). */
 int fmc_q8_set_cluster(int on);

@@ -15,6 +15,7 @@
  * Q8_0) runs one token per 256-thread block with a fixed reduction order, so a token's values never depend
  * on T either. */
 #include <algorithm>
+#include <cstring>
 
 #include "cuda/cuda_q8_narrow.cuh"
 
@@ -217,6 +218,17 @@ template <int NT, int MODE, bool CL>
 __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemm_reg(const q8_args a) {
     q8_gemm_block<NT, MODE, q8_pdl_sync, REG_DEPTH, CL>(a, blockIdx.x, q8_pdl_sync{});
 }
+/* One n-tile, the activations copied to shared memory once a block (q8_gemv_loop), RD tiles a warp in
+ * registers; XS 1: one token, 2: up to 8 (q8_pick_gemv). */
+template <int MODE, int RD, int XS> __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemv(const q8_args a) {
+    q8_gemm_block<1, MODE, q8_pdl_sync, RD, false, XS>(a, blockIdx.x, q8_pdl_sync{});
+}
+/* clang-format off */
+#define Q8_GEMV_MODES(X, rd, xs) X(Q8_STORE, rd, xs) X(Q8_ADD, rd, xs) X(Q8_GLU, rd, xs)
+#define Q8_GEMV_KERNELS(X)                                                                                   \
+    Q8_GEMV_MODES(X, 8, 1) Q8_GEMV_MODES(X, 12, 1) Q8_GEMV_MODES(X, 16, 1)                                   \
+    Q8_GEMV_MODES(X, 8, 2) Q8_GEMV_MODES(X, 12, 2) Q8_GEMV_MODES(X, 16, 2)
+/* clang-format on */
 /* The register loop's kernels: the target's store / add up to REG_MAX_NT n-tiles, its GLU at one, the
  * drafter's modes at two (its 16 slots). */
 /* clang-format off */
@@ -326,6 +338,48 @@ int fmc_q8_set_cluster(int on) {
     return g_cluster;
 }
 
+/* Which products of one n-tile take q8_gemv_loop, at what depth (tiles in flight a warp; 0: not), by
+ * class: q the qkv shape (N > K), o wo and down (N <= K), g gate/up, h grids of many waves (the lm_head,
+ * whose blocks would each copy the activations: at 2..8 tokens 23 KB a block, so it keeps the register
+ * loop there); [0] one token, [1] 2..8. FMC_Q8_GEMV / FMC_Q8_GEMV8 override them (experiments): "0" none,
+ * or letters with depths, e.g. "q12,o0". */
+enum { GEMV_Q, GEMV_O, GEMV_G, GEMV_H, GEMV_CLASSES };
+/* Measured on the H200 (RESULTS, twenty-third session), against the staged / register loops: at one token
+ * qkv 10.6 -> 10.4, gate/up 25.3 -> 20.9, down 12.7 -> 12.1, lm_head 104 -> 95 us, wo the same, plain step
+ * 2.51 -> 2.24 ms; at 2..8 tokens only gate/up gains (25.5 -> 24.5 us) while qkv, wo and down lose 40-55 %
+ * (their copies to shared memory, 288 bytes a 32-block, sit on the critical path): verify(8) 2.71 -> 3.13
+ * ms, so off there (FMC_Q8_GEMV8 for experiments; the tests run it). */
+static const int g_gemv_default[2][GEMV_CLASSES] = {{16, 16, 16, 8}, {0, 0, 0, 0}};
+static int g_gemv[2][GEMV_CLASSES] = {{16, 16, 16, 8}, {0, 0, 0, 0}};
+static int gemv_class(const fmc_q8 *w, int mode) {
+    const unsigned grid = (unsigned)((w->N + 15) / 16 / w->sp.rt) * w->sp.kc;
+    if (grid > 8u * (unsigned)fmc_sm_count()) return GEMV_H;
+    return mode == Q8_GLU ? GEMV_G : w->N > w->K ? GEMV_Q : GEMV_O;
+}
+static void gemv_parse(int *rd, const char *e) {
+    if (!strcmp(e, "0")) {
+        for (int c = 0; c < GEMV_CLASSES; c++) rd[c] = 0;
+        return;
+    }
+    for (const char *p = e; *p; p++) {
+        const char *cls = strchr("qogh", *p);
+        if (cls && *cls) rd[cls - "qogh"] = atoi(p + 1);
+    }
+}
+void fmc_q8_set_gemv(int rd) {
+    for (int f = 0; f < 2; f++)
+        for (int c = 0; c < GEMV_CLASSES; c++) g_gemv[f][c] = rd < 0 ? g_gemv_default[f][c] : rd;
+}
+static q8_kernel q8_pick_gemv(const fmc_q8 *w, int T, int mode) {
+    if (T > 8 || mode > Q8_GLU) return NULL;
+    const int xs = T > 1 ? 2 : 1, rd = g_gemv[xs - 1][gemv_class(w, mode)];
+#define X(m, d, x)                                                                                           \
+    if (mode == m && rd == d && xs == x) return k_q8_gemv<m, d, x>;
+    Q8_GEMV_KERNELS(X)
+#undef X
+    return NULL;
+}
+
 /* NULL for a combination not instantiated. */
 static q8_kernel q8_pick(int NT, int mode, bool reg, bool cl) {
 #define X(nt, m)                                                                                             \
@@ -365,6 +419,11 @@ int fmc_q8_init(void) {
 #define X(nt, m) smem_limit(k_q8_gemm_reg<nt, m, true>);
     Q8_REG_CLUSTER_KERNELS(X)
 #undef X
+#define X(m, rd, xs) smem_limit(k_q8_gemv<m, rd, xs>);
+    Q8_GEMV_KERNELS(X)
+#undef X
+    if (getenv("FMC_Q8_GEMV")) gemv_parse(g_gemv[0], getenv("FMC_Q8_GEMV"));
+    if (getenv("FMC_Q8_GEMV8")) gemv_parse(g_gemv[1], getenv("FMC_Q8_GEMV8"));
     const char *e = getenv("FMC_Q8_MAXB");
     if (e) g_maxb = atoi(e);
     /* the register loop wherever g_reg_all takes it (experiments; on the H200 a step with every one-token
@@ -406,11 +465,13 @@ static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float 
     }
     const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
     const int NT = (T + 7) / 8;
-    const bool reg = q8_takes_reg_loop(w, T, mode);
-    q8_kernel k = q8_takes_cluster(w, mode) ? q8_pick(NT, mode, reg, true) : NULL;
-    const bool cl = k != NULL;
-    if (!cl) k = q8_pick(NT, mode, reg, false);
-    const size_t smem = q8_smem(&w->sp, NT, mode, reg, cl);
+    q8_kernel gv = q8_pick_gemv(w, T, mode);
+    const bool reg = gv || q8_takes_reg_loop(w, T, mode);
+    q8_kernel k = gv ? gv : q8_takes_cluster(w, mode) ? q8_pick(NT, mode, reg, true) : NULL;
+    const bool cl = k != NULL && !gv;
+    if (!k) k = q8_pick(NT, mode, reg, false);
+    const size_t smem =
+        q8_smem(&w->sp, NT, mode, reg, cl, gv ? q8_gemv_xs_bytes(w->K / 32 / w->sp.kc, T > 1) : 0);
     fmc_launch_cluster(k, dim3(groups * w->sp.kc), dim3(w->sp.rt * w->sp.w * 32),
                        fmc_gemm_spread(smem, groups * w->sp.kc, Q8_SMEM_LIMIT), s, pdl, cl ? w->sp.kc : 1, a);
 }

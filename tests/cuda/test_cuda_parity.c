@@ -472,14 +472,27 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     /* 2. A verify block equals step-by-step rows bit for bit (graphs on / off, PDL on / off), and every
      * launch mode gives the same bits. */
     float *ref17 = malloc(sizeof(float) * 17 * V);
-    for (int mode = 0; mode < 5; mode++) {
-        /* mode 4: graphs and PDL, every store / add product of up to 16 rows and the one-token gate/up on
-         * the register loop (whose default choice up to 8 rows takes it for full-size matrices only); 8
-         * and 12 rows: its forms for one and two n-tiles of 8 tokens, 17: the staged loop */
-        const int graphs = !(mode & 1), pdl = !(mode & 2);
+    static const char *const variant[9] = {"",
+                                           "",
+                                           "",
+                                           "",
+                                           " register loop everywhere",
+                                           " no activations in shared memory",
+                                           " activations in shared memory, 8 tiles in flight",
+                                           " activations in shared memory, 12 tiles in flight",
+                                           " activations in shared memory, 16 tiles in flight"};
+    for (int mode = 0; mode < 9; mode++) {
+        /* modes 0..3: graphs and PDL on / off, the default kernels. From 4 graphs and PDL: 4 every store /
+         * add product of up to 16 rows and the one-token gate/up on the register loop (whose default choice
+         * up to 8 rows takes it for full-size matrices only); 8 and 12 rows: its forms for one and two
+         * n-tiles of 8 tokens, 17: the staged loop. 5: none in shared memory (steps on the staged or register
+         * loop), 6..8: every product of 1..8 rows with its activations in shared memory at each depth (the
+         * default: steps only, by the matrix's shape). */
+        const int graphs = mode < 4 ? !(mode & 1) : 1, pdl = mode < 4 ? !(mode & 2) : 1;
         fm_cuda_debug_set_graphs(gb, graphs);
         fm_cuda_debug_set_pdl(gb, pdl);
         fm_cuda_debug_set_q8_reg_all(gb, mode == 4);
+        fm_cuda_debug_set_q8_gemv(gb, mode == 4 || mode == 5 ? 0 : mode >= 6 ? 4 * (mode - 4) : -1);
         static const int Ts[] = {8, 12, 17};
         for (int k = 0; k < 3; k++) {
             const int T = Ts[k];
@@ -500,7 +513,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
             free(row);
             CHECK(bitwise && ids,
                   "tied=%d graphs=%d pdl=%d%s: verify(%d) rows == %d single steps bit for bit", tied, graphs,
-                  pdl, mode == 4 ? " register loop everywhere" : "", T, T);
+                  pdl, variant[mode], T, T);
             if (T == 17 && mode == 0) memcpy(ref17, gl, sizeof(float) * 17 * V);
             if (T == 17 && mode > 0)
                 CHECK(!memcmp(ref17, gl, sizeof(float) * 17 * V),
@@ -512,6 +525,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     fm_cuda_debug_set_graphs(gb, 1);
     fm_cuda_debug_set_pdl(gb, 1);
     fm_cuda_debug_set_q8_reg_all(gb, 0);
+    fm_cuda_debug_set_q8_gemv(gb, -1);
 
     /* 3. The drafter through the GPU pipeline (captured features, commit, context extension, draft) against
      * the CPU drafter given the same context: the GPU target's captured features. (Each backend drafting
