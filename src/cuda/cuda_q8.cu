@@ -289,17 +289,21 @@ size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit) {
  * take 13.7 / 21.2-21.4 -> 16.5-16.8 / 23.0-23.1 us: in the draft's graph the blocks without stage memory
  * win). */
 static int g_reg_all = 0;
+/* A grid of many waves (the lm_head's): more than 8 blocks an SM. */
+static bool q8_many_waves(const fmc_q8 *w) {
+    const unsigned grid = (unsigned)((w->N + 15) / 16 / w->sp.rt) * w->sp.kc;
+    return grid > 8u * (unsigned)fmc_sm_count();
+}
 static bool q8_takes_reg_loop(const fmc_q8 *w, int T, int mode) {
     const bool store = mode == Q8_STORE || mode == Q8_ADD;
     if (g_reg_all && ((store && T <= 8 * REG_MAX_NT) || (mode == Q8_GLU && T == 1))) return true;
     if (T > 8 * REG_MAX_NT) return false;
     if (T > 8) return mode != Q8_GLU;
     if (!store) return false;
-    const unsigned grid = (unsigned)((w->N + 15) / 16 / w->sp.rt) * w->sp.kc;
     const int tiles_a_warp = (w->K / 32) / (w->sp.w * w->sp.kc);
     /* Many waves, up to 8 tokens (verify(8), drafts of 7: the lm_head at 8 tokens 124.2 -> 108.4 us); long
      * warp shares at one token only (down at 8 tokens 13.27 -> 13.40 us). */
-    if (grid > 8u * (unsigned)fmc_sm_count()) return true;
+    if (q8_many_waves(w)) return true;
     return T == 1 && tiles_a_warp >= 64;
 }
 
@@ -352,8 +356,7 @@ enum { GEMV_Q, GEMV_O, GEMV_G, GEMV_H, GEMV_CLASSES };
 static const int g_gemv_default[2][GEMV_CLASSES] = {{16, 16, 16, 8}, {0, 0, 0, 0}};
 static int g_gemv[2][GEMV_CLASSES] = {{16, 16, 16, 8}, {0, 0, 0, 0}};
 static int gemv_class(const fmc_q8 *w, int mode) {
-    const unsigned grid = (unsigned)((w->N + 15) / 16 / w->sp.rt) * w->sp.kc;
-    if (grid > 8u * (unsigned)fmc_sm_count()) return GEMV_H;
+    if (q8_many_waves(w)) return GEMV_H;
     return mode == Q8_GLU ? GEMV_G : w->N > w->K ? GEMV_Q : GEMV_O;
 }
 static void gemv_parse(int *rd, const char *e) {
@@ -465,9 +468,9 @@ static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float 
     }
     const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);
     const int NT = (T + 7) / 8;
-    q8_kernel gv = q8_pick_gemv(w, T, mode);
-    const bool reg = gv || q8_takes_reg_loop(w, T, mode);
-    q8_kernel k = gv ? gv : q8_takes_cluster(w, mode) ? q8_pick(NT, mode, reg, true) : NULL;
+    q8_kernel k = q8_pick_gemv(w, T, mode);
+    const bool gv = k != NULL, reg = gv || q8_takes_reg_loop(w, T, mode);
+    if (!k && q8_takes_cluster(w, mode)) k = q8_pick(NT, mode, reg, true);
     const bool cl = k != NULL && !gv;
     if (!k) k = q8_pick(NT, mode, reg, false);
     const size_t smem =
