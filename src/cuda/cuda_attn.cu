@@ -13,54 +13,15 @@
 enum { ATT_WARPS = 8, ATT_QROWS = 16 * ATT_WARPS /* queries of a block: one 16-row tile a warp */ };
 static_assert(ATT_QROWS == FMC_ATT_MAX_GROUP, "a split block holds one row of every query head of a group");
 
-static __device__ double block_sum_d(double v) {
-    __shared__ double sh[32];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_d(v);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    double t = 0;
-    for (int i = 0; i < nw; i++) t += sh[i];
-    return t;
-}
-
-/* grid (T, n_heads + 2 n_kv); q and k heads: RMSNorm then NEOX rotation; v heads: copied to the cache. */
+/* grid (T, n_heads + 2 n_kv), 64 threads: head blockIdx.y of row blockIdx.x (qk_norm_rope_head). */
 __global__ void k_qk_norm_rope_kv(const float *qkv, int n_heads, int n_kv, int hd, const float *q_norm,
                                   const float *k_norm, float eps, const float *rope, const int *pos,
                                   float *q_out, __half *k_cache, __half *v_cache) {
+    __shared__ double sh[32];
     pdl_trigger();
     pdl_wait();
-    const int t = blockIdx.x, hh = blockIdx.y, q_dim = n_heads * hd, kv_dim = n_kv * hd, half = hd / 2;
-    const int p = *pos + t;
-    const float *row = qkv + (size_t)t * (q_dim + 2 * kv_dim);
-    if (hh >= n_heads + n_kv) {
-        const int j = hh - n_heads - n_kv;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x)
-            v_cache[(size_t)p * kv_dim + j * hd + i] = __float2half_rn(row[q_dim + kv_dim + j * hd + i]);
-        return;
-    }
-    const int is_q = hh < n_heads;
-    const float *src = is_q ? row + hh * hd : row + q_dim + (hh - n_heads) * hd;
-    const float *w = is_q ? q_norm : k_norm;
-    double ss = 0;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += (double)src[i] * src[i];
-    ss = block_sum_d(ss);
-    const float r = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
-    const float *rp = rope + (size_t)p * hd;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float a = src[i] * r * w[i], b = src[i + half] * r * w[i + half];
-        const float c = rp[2 * i], sn = rp[2 * i + 1];
-        const float o0 = a * c - b * sn, o1 = b * c + a * sn;
-        if (is_q) {
-            q_out[(size_t)t * q_dim + hh * hd + i] = o0;
-            q_out[(size_t)t * q_dim + hh * hd + i + half] = o1;
-        } else {
-            const size_t base = (size_t)p * kv_dim + (hh - n_heads) * hd;
-            k_cache[base + i] = __float2half_rn(o0);
-            k_cache[base + i + half] = __float2half_rn(o1);
-        }
-    }
+    qk_norm_rope_head(qkv, blockIdx.x, blockIdx.y, n_heads, n_kv, hd, q_norm, k_norm, eps, rope, pos, q_out,
+                      k_cache, v_cache, attn_group_block{sh});
 }
 
 void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd, const float *q_norm,
@@ -122,61 +83,8 @@ int fmc_attn_long_form(int T, int n_heads, int n_kv) {
  * with P's registers as the A operand. q and P enter as two f16 parts each (split_half2), so the result stays
  * within f32 rounding of the exact attention over the f16 cache. A query's result depends only on its own
  * row of Q, the keys and its length, never on which tile or lane it landed in: the same bits whatever T is.
- * The two kernels below differ only in how a split reaches shared memory. */
-struct attn_block {
-    int g, G, tb, p0, nq, kv_dim, lane, warp, c, maxlen;
-    float scale;
-    int qt[2], qh[2], qlen[2]; /* the lane's two query rows (tile rows gr, gr + 8): row t, head, length */
-};
-
-template <int HD, int QR>
-__device__ __forceinline__ attn_block attn_block_setup(int T, int n_heads, int n_kv, const int *pos,
-                                                       int causal) {
-    attn_block a;
-    a.g = blockIdx.y, a.G = n_heads / n_kv;
-    const int rows = QR / a.G;
-    a.tb = blockIdx.z * rows, a.p0 = *pos;
-    const int te = min(T, a.tb + rows);
-    a.nq = (te - a.tb) * a.G, a.kv_dim = n_kv * HD;
-    a.lane = threadIdx.x & 31, a.warp = threadIdx.x >> 5, a.c = a.lane & 3;
-    a.maxlen = causal ? a.p0 + te : a.p0 + 1; /* the longest row of the block */
-    a.scale = 1.0f / sqrtf((float)HD);
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const int i = a.warp * 16 + (a.lane >> 2) + 8 * u;
-        a.qt[u] = a.tb + i / a.G, a.qh[u] = a.g * a.G + i % a.G;
-        a.qlen[u] = i >= a.nq ? 0 : causal ? a.p0 + a.qt[u] + 1 : a.p0 + 1;
-    }
-    return a;
-}
-
-/* One warp's tile against split s in Ks / Vs: scores, softmax, P V, and the partial (O, m, l) of each of the
- * lane's rows that reaches the split. */
-template <int HD, int QR>
-__device__ __forceinline__ void attn_split_tile(const attn_block &a, const __half *Qs, const uint32_t *Ks,
-                                                const __half *Vs, int s, int n_heads, int max_splits,
-                                                float *part) {
-    const int j0 = s * FMC_ATT_SPLIT;
-    float sc[8][4];
-    attn_scores<HD, QR>(Qs, Ks, a.warp, a.lane, sc);
-    /* softmax of each of the lane's two rows over its quad: max, exp, sum in a fixed order */
-    float m[2], l[2];
-#pragma unroll
-    for (int u = 0; u < 2; u++) l[u] = attn_softmax_row(sc, u, a.qlen[u] - j0, a.scale, a.c, &m[u]);
-    float o[HD / 8][4];
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    attn_pv<HD>(sc, Vs, a.lane, o);
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-        if (a.qlen[u] <= j0) continue; /* past the row's length (or no row): the merge skips it */
-        float *out = part + (((size_t)a.qt[u] * n_heads + a.qh[u]) * max_splits + s) * (HD + 2);
-#pragma unroll
-        for (int n = 0; n < HD / 8; n++)
-            *(float2 *)(out + n * 8 + 2 * a.c) = make_float2(o[n][2 * u], o[n][2 * u + 1]);
-        if (a.c == 0) out[HD] = m[u], out[HD + 1] = l[u];
-    }
-}
+ * The two kernels below differ only in how a split reaches shared memory (the per-query code,
+ * attn_split_tile, is in cuda_attn.cuh). */
 
 /* Loads through registers: all of a round's 16-byte loads in flight at once, then stored. */
 template <int HD, int QR, int NW>
@@ -193,7 +101,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
     pdl_trigger();
     /* *pos comes from the host before the graph; cache rows below it were written by earlier forwards, so
      * the first split's rows below it load before the predecessor (which writes rows pos ..) is done. */
-    const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, pos, causal);
+    const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, pos, causal, blockIdx.y, blockIdx.z);
     const bool busy = a.warp * 16 < a.nq;
     bool waited = false;
     for (int s = blockIdx.x; s < max_splits; s += gridDim.x) {
@@ -245,14 +153,14 @@ template <int HD, int QR, int NW>
 __global__ void __launch_bounds__(NW * 32, 1)
     k_attn_split_async(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
                        const int *pos, int causal, int max_splits, float *part) {
-    constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8;
+    constexpr int KP = HD / 2 + 4, VP = HD + 8;
     static_assert(QR <= NW * 16, "a 16-row query tile per warp");
     extern __shared__ __align__(16) unsigned char smem[];
     uint32_t *Ks = (uint32_t *)smem;
     __half *Vs = (__half *)(Ks + FMC_ATT_SPLIT * KP);
     __half *Qs = Vs + FMC_ATT_SPLIT * VP; /* [2][QR][QP]: high, low parts */
     pdl_trigger();
-    const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, pos, causal);
+    const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, pos, causal, blockIdx.y, blockIdx.z);
     const bool busy = a.warp * 16 < a.nq;
     /* The cache is read once, the partials by the merge next: loaded as the first lines L2 evicts (16k
      * positions, two rounds against the same kernel without: attention 48.7 / 48.3 -> 47.1 / 46.8 us a
@@ -263,16 +171,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
     /* Split s's keys and values; rows past the block's longest row zero-filled (P is 0 there, and 0 *
      * garbage could be NaN). which: rows below p0 (0), the others (1), all (2). */
     auto copy_split = [&](int s, int which) {
-        const int j0 = s * FMC_ATT_SPLIT, nload = min(FMC_ATT_SPLIT, a.maxlen - j0);
-#pragma unroll 4
-        for (int idx = threadIdx.x; idx < FMC_ATT_SPLIT * C8N; idx += NW * 32) {
-            const int j = idx / C8N, c8 = idx - j * C8N;
-            if (which != 2 && (j0 + j < a.p0) != (which == 0)) continue;
-            const bool in = j < nload;
-            const size_t off = in ? (size_t)(j0 + j) * a.kv_dim + (size_t)a.g * HD + c8 * 8 : 0;
-            cp_async16_hint(Ks + j * KP + c8 * 4, kc + off, in ? 16 : 0, pol);
-            cp_async16_hint(Vs + j * VP + c8 * 8, vc + off, in ? 16 : 0, pol);
-        }
+        attn_copy_split<HD>(Ks, Vs, kc, vc, a, s, which, threadIdx.x, NW * 32, pol);
     };
     /* as in k_attn_split: the first split's rows below *pos before the predecessor is done */
     int s = blockIdx.x;
@@ -295,55 +194,17 @@ __global__ void __launch_bounds__(NW * 32, 1)
     }
 }
 
-/* grid (n_heads, T), HD threads: fold the splits in split order (attn_fold_weights, as the one-pass kernel
- * does), then quantise the head's HD outputs (one Q8_0 block per warp) into fragment order (xq != NULL), or
- * store them as f32 rows of out. The fold is a chain through every split; its operands come through shared
- * memory in chunks of CH splits, the next chunk copied (cp.async) while this one folds, because loading
- * them split by split left the chain waiting on L2: at 16k positions (256 splits) this kernel took 77 us a
- * layer, twice the split kernel. */
+/* grid (n_heads, T), HD threads: head blockIdx.x of row blockIdx.y merged (attn_combine_head). */
 template <int HD>
 __global__ void __launch_bounds__(HD) k_attn_combine(int n_heads, const int *pos, int causal, int max_splits,
                                                      const float *part, int8_t *xq, float *xd, float *out) {
-    constexpr int R = HD + 2, CH = HD >= 256 ? 16 : 32; /* floats a split; splits a chunk (<= 33 KB) */
-    __shared__ __align__(16) float buf[2][CH * R];
+    constexpr int CH = attn_combine_chunk(HD);
+    __shared__ __align__(16) float buf[2 * CH * (HD + 2)];
     pdl_trigger();
     pdl_wait();
-    const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, NB = n_heads * HD / 32;
-    const int len = causal ? *pos + t + 1 : *pos + 1, ns = (len + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
-    const float *pr = part + ((size_t)t * n_heads + h) * max_splits * R; /* 8-byte aligned (R is even) */
-    auto fetch = [&](int c) {
-        const int n2 = (min(ns, (c + 1) * CH) - c * CH) * R / 2;
-        const float *src = pr + (size_t)c * CH * R;
-        for (int k = i; k < n2; k += HD) cp_async8(&buf[c & 1][2 * k], src + 2 * k);
-        cp_async_commit();
-    };
-    float M = -INFINITY, L = 0.0f, o = 0.0f;
-    const int nc = (ns + CH - 1) / CH;
-    fetch(0);
-    for (int c = 0; c < nc; c++) {
-        if (c + 1 < nc)
-            fetch(c + 1), cp_async_wait<1>();
-        else
-            cp_async_wait<0>();
-        __syncthreads();
-        const float *b = buf[c & 1];
-        const int n = min(ns - c * CH, (int)CH);
-#pragma unroll 4
-        for (int k = 0; k < n; k++, b += R) {
-            const float2 w = attn_fold_weights(&M, &L, b[HD], b[HD + 1]);
-            o = attn_fold(o, b[i], w);
-        }
-        __syncthreads(); /* the chunk's buffer is refilled next */
-    }
-    const float y = __fdiv_rn(o, L);
-    const int k = h * HD + i;
-    if (!xq) {
-        out[(size_t)t * n_heads * HD + k] = y;
-        return;
-    }
-    float d;
-    xq[frag_off(t, k, NB)] = quant_lane(y, &d);
-    if ((i & 31) == 0) xd[frag_d(t, k / 32, NB)] = d;
+    const int len = causal ? *pos + blockIdx.y + 1 : *pos + 1;
+    attn_combine_head<HD, CH>(n_heads, blockIdx.x, blockIdx.y, len, max_splits, part, buf, xq, xd, out,
+                              threadIdx.x, attn_combine_block{});
 }
 
 typedef void (*combine_kernel)(int, const int *, int, int, const float *, int8_t *, float *, float *);

@@ -40,13 +40,83 @@ __device__ __forceinline__ void split_half2(float x0, float x1, uint32_t *hi, ui
     *lo = pack_half2(x0 - hf.x, x1 - hf.y);
 }
 
+/* The threads that share a head in qk_norm_rope_head: the whole block (its kernel), or a group of a
+ * persistent block (cuda_megakernel.cu) with a named barrier; sh: 32 doubles of the group's own. */
+struct attn_group_block {
+    double *sh;
+    __device__ __forceinline__ int tid() const { return threadIdx.x; }
+    __device__ __forceinline__ int size() const { return blockDim.x; }
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
+
+/* Sum over a group's threads in a fixed order: the warp butterfly, then the warps in order. */
+template <class GRP> __device__ __forceinline__ double group_sum_d(double v, const GRP &grp) {
+    const int lane = grp.tid() & 31, w = grp.tid() >> 5, nw = grp.size() >> 5;
+    v = warp_sum_d(v);
+    grp.sync();
+    if (lane == 0) grp.sh[w] = v;
+    grp.sync();
+    double t = 0;
+    for (int i = 0; i < nw; i++) t += grp.sh[i];
+    return t;
+}
+
+/* Head hh of row t of qkv [T][q_dim + 2 kv_dim]: q and k heads RMSNorm'd (q_norm / k_norm) and rotated (NEOX
+ * RoPE at *pos + t), q into q_out [T][q_dim], k into the f16 key cache row *pos + t; v heads copied to the
+ * value cache. qkv is read through L2 (a persistent launch writes it in the same kernel). */
+template <class GRP>
+__device__ __forceinline__ void qk_norm_rope_head(const float *qkv, int t, int hh, int n_heads, int n_kv,
+                                                  int hd, const float *q_norm, const float *k_norm, float eps,
+                                                  const float *rope, const int *pos, float *q_out,
+                                                  __half *k_cache, __half *v_cache, const GRP &grp) {
+    const int q_dim = n_heads * hd, kv_dim = n_kv * hd, half = hd / 2, tid = grp.tid(), nt = grp.size();
+    const int p = *pos + t;
+    const float *row = qkv + (size_t)t * (q_dim + 2 * kv_dim);
+    if (hh >= n_heads + n_kv) {
+        const int j = hh - n_heads - n_kv;
+        for (int i = tid; i < hd; i += nt)
+            v_cache[(size_t)p * kv_dim + j * hd + i] =
+                __float2half_rn(ld_cg(row + q_dim + kv_dim + j * hd + i));
+        return;
+    }
+    const int is_q = hh < n_heads;
+    const float *src = is_q ? row + hh * hd : row + q_dim + (hh - n_heads) * hd;
+    const float *w = is_q ? q_norm : k_norm;
+    double ss = 0;
+    for (int i = tid; i < hd; i += nt) {
+        const float v = ld_cg(src + i);
+        ss += (double)v * v;
+    }
+    ss = group_sum_d(ss, grp);
+    const float r = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+    const float *rp = rope + (size_t)p * hd;
+    for (int i = tid; i < half; i += nt) {
+        /* pinned (no contraction), so that every kernel that inlines this rounds alike */
+        const float a = __fmul_rn(__fmul_rn(ld_cg(src + i), r), w[i]);
+        const float b = __fmul_rn(__fmul_rn(ld_cg(src + i + half), r), w[i + half]);
+        const float c = rp[2 * i], sn = rp[2 * i + 1];
+        const float o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
+        const float o1 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn));
+        if (is_q) {
+            q_out[(size_t)t * q_dim + hh * hd + i] = o0;
+            q_out[(size_t)t * q_dim + hh * hd + i + half] = o1;
+        } else {
+            const size_t base = (size_t)p * kv_dim + (hh - n_heads) * hd;
+            k_cache[base + i] = __float2half_rn(o0);
+            k_cache[base + i + half] = __float2half_rn(o1);
+        }
+    }
+}
+
 /* Queries [0, nrows) of the block (rows past nq zeroed) into Qs as hi / lo parts. Query i is head
- * g G + i % G of row tb + i / G of q [T][n_heads][HD]. All threads of the block take part. */
+ * g G + i % G of row tb + i / G of q [T][n_heads][HD]. Threads tid of nt take part (by default all threads
+ * of the block). */
 template <int HD, int QROWS>
 __device__ __forceinline__ void attn_load_q(const float *q, __half *Qs, int tb, int g, int G, int n_heads,
-                                            int nrows, int nq) {
+                                            int nrows, int nq, int tid = -1, int nt = 0) {
     constexpr int QP = HD + 8, C8N = HD / 8;
-    for (int idx = threadIdx.x; idx < nrows * C8N; idx += blockDim.x) {
+    if (tid < 0) tid = threadIdx.x, nt = blockDim.x;
+    for (int idx = tid; idx < nrows * C8N; idx += nt) {
         const int i = idx / C8N, c8 = idx - i * C8N;
         uint4 h = make_uint4(0, 0, 0, 0), l = h;
         if (i < nq) {
@@ -132,6 +202,69 @@ __device__ __forceinline__ float attn_fold(float o, float o_s, float2 w) {
     return __fmaf_rn(o_s, w.y, __fmul_rn(o, w.x));
 }
 
+/* Splits a chunk of the merge (attn_combine_head) copies at once: its two buffers take <= 33 KB. */
+__host__ __device__ constexpr int attn_combine_chunk(int hd) {
+    return hd >= 256 ? 16 : 32;
+}
+
+/* How attn_combine_head's HD threads meet and bring a chunk of partials into shared memory: its kernel's
+ * block, by cp.async (the next chunk copied while this one folds); the persistent kernel passes its own. */
+struct attn_combine_block {
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+    /* n2 float pairs of src into dst by threads i of HD (nt), one commit group */
+    __device__ __forceinline__ void fetch(float *dst, const float *src, int n2, int i, int nt) const {
+        for (int k = i; k < n2; k += nt) cp_async8(dst + 2 * k, src + 2 * k);
+        cp_async_commit();
+    }
+    template <int N> __device__ __forceinline__ void wait() const { cp_async_wait<N>(); }
+};
+
+/* Head h of row t (len keys, ns splits): fold the splits in split order (attn_fold_weights, as the one-pass
+ * kernel does), then quantise the head's HD outputs (one Q8_0 block per warp) into fragment order (xq !=
+ * NULL), or store them as f32 rows of out. Thread i of HD. The fold is a chain through every split; its
+ * operands come through shared memory (buf: two chunks of CH splits) a chunk at a time, the next copied
+ * while this one folds, because loading them split by split left the chain waiting on L2: at 16k positions
+ * (256 splits) the merge took 77 us a layer, twice the split kernel. */
+template <int HD, int CH, class GRP>
+__device__ __forceinline__ void attn_combine_head(int n_heads, int h, int t, int len, int max_splits,
+                                                  const float *part, float *buf, int8_t *xq, float *xd,
+                                                  float *out, int i, const GRP &grp) {
+    constexpr int R = HD + 2; /* floats a split */
+    const int NB = n_heads * HD / 32, ns = (len + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
+    const float *pr = part + ((size_t)t * n_heads + h) * max_splits * R; /* 8-byte aligned (R is even) */
+    auto fetch = [&](int c) {
+        const int n2 = (min(ns, (c + 1) * CH) - c * CH) * R / 2;
+        grp.fetch(buf + (c & 1) * CH * R, pr + (size_t)c * CH * R, n2, i, HD);
+    };
+    float M = -INFINITY, L = 0.0f, o = 0.0f;
+    const int nc = (ns + CH - 1) / CH;
+    fetch(0);
+    for (int c = 0; c < nc; c++) {
+        if (c + 1 < nc)
+            fetch(c + 1), grp.template wait<1>();
+        else
+            grp.template wait<0>();
+        grp.sync();
+        const float *b = buf + (c & 1) * CH * R;
+        const int n = min(ns - c * CH, CH);
+#pragma unroll 4
+        for (int k = 0; k < n; k++, b += R) {
+            const float2 w = attn_fold_weights(&M, &L, b[HD], b[HD + 1]);
+            o = attn_fold(o, b[i], w);
+        }
+        grp.sync(); /* the chunk's buffer is refilled next */
+    }
+    const float y = __fdiv_rn(o, L);
+    const int k = h * HD + i;
+    if (!xq) {
+        out[(size_t)t * n_heads * HD + k] = y;
+        return;
+    }
+    float d;
+    xq[frag_off(t, k, NB)] = quant_lane(y, &d);
+    if ((i & 31) == 0) xd[frag_d(t, k / 32, NB)] = d;
+}
+
 /* o += P V for the warp's 16 queries: P's score tiles 2k, 2k + 1 (probabilities, as two f16 parts) are the A
  * fragment of key step k; V by ldmatrix.trans. */
 template <int HD>
@@ -157,6 +290,83 @@ __device__ __forceinline__ void attn_pv(const float (&sc)[8][4], const __half *V
             mma_f16(o[2 * n + 1], ah[0], ah[1], ah[2], ah[3], b2, b3);
             mma_f16(o[2 * n + 1], al[0], al[1], al[2], al[3], b2, b3);
         }
+    }
+}
+
+/* A split block's queries (cuda_attn.cu says how they sit): KV head g with its G query heads, rows tb ..
+ * of T (zb: the launch's block along z), the calling thread's lane, warp and quad. */
+struct attn_block {
+    int g, G, tb, p0, nq, kv_dim, lane, warp, c, maxlen;
+    float scale;
+    int qt[2], qh[2], qlen[2]; /* the lane's two query rows (tile rows gr, gr + 8): row t, head, length */
+};
+
+template <int HD, int QR>
+__device__ __forceinline__ attn_block attn_block_setup(int T, int n_heads, int n_kv, const int *pos,
+                                                       int causal, int g, int zb) {
+    attn_block a;
+    a.g = g, a.G = n_heads / n_kv;
+    const int rows = QR / a.G;
+    a.tb = zb * rows, a.p0 = *pos;
+    const int te = min(T, a.tb + rows);
+    a.nq = (te - a.tb) * a.G, a.kv_dim = n_kv * HD;
+    a.lane = threadIdx.x & 31, a.warp = threadIdx.x >> 5, a.c = a.lane & 3;
+    a.maxlen = causal ? a.p0 + te : a.p0 + 1; /* the longest row of the block */
+    a.scale = 1.0f / sqrtf((float)HD);
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int i = a.warp * 16 + (a.lane >> 2) + 8 * u;
+        a.qt[u] = a.tb + i / a.G, a.qh[u] = a.g * a.G + i % a.G;
+        a.qlen[u] = i >= a.nq ? 0 : causal ? a.p0 + a.qt[u] + 1 : a.p0 + 1;
+    }
+    return a;
+}
+
+/* One warp's tile against split s in Ks / Vs: scores, softmax, P V, and the partial (O, m, l) of each of the
+ * lane's rows that reaches the split. */
+template <int HD, int QR>
+__device__ __forceinline__ void attn_split_tile(const attn_block &a, const __half *Qs, const uint32_t *Ks,
+                                                const __half *Vs, int s, int n_heads, int max_splits,
+                                                float *part) {
+    const int j0 = s * FMC_ATT_SPLIT;
+    float sc[8][4];
+    attn_scores<HD, QR>(Qs, Ks, a.warp, a.lane, sc);
+    /* softmax of each of the lane's two rows over its quad: max, exp, sum in a fixed order */
+    float m[2], l[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) l[u] = attn_softmax_row(sc, u, a.qlen[u] - j0, a.scale, a.c, &m[u]);
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    attn_pv<HD>(sc, Vs, a.lane, o);
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        if (a.qlen[u] <= j0) continue; /* past the row's length (or no row): the merge skips it */
+        float *out = part + (((size_t)a.qt[u] * n_heads + a.qh[u]) * max_splits + s) * (HD + 2);
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            *(float2 *)(out + n * 8 + 2 * a.c) = make_float2(o[n][2 * u], o[n][2 * u + 1]);
+        if (a.c == 0) out[HD] = m[u], out[HD + 1] = l[u];
+    }
+}
+
+/* Split s of KV head a.g from the f16 caches into Ks / Vs by cp.async (L2 only), rows past the block's
+ * longest row zero-filled (P is 0 there, and 0 * garbage could be NaN); which: rows below a.p0 (0), the
+ * others (1), all (2). Threads tid of nt take part. */
+template <int HD>
+__device__ __forceinline__ void attn_copy_split(uint32_t *Ks, __half *Vs, const __half *kc, const __half *vc,
+                                                const attn_block &a, int s, int which, int tid, int nt,
+                                                uint64_t pol) {
+    constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8;
+    const int j0 = s * FMC_ATT_SPLIT, nload = min(FMC_ATT_SPLIT, a.maxlen - j0);
+#pragma unroll 4
+    for (int idx = tid; idx < FMC_ATT_SPLIT * C8N; idx += nt) {
+        const int j = idx / C8N, c8 = idx - j * C8N;
+        if (which != 2 && (j0 + j < a.p0) != (which == 0)) continue;
+        const bool in = j < nload;
+        const size_t off = in ? (size_t)(j0 + j) * a.kv_dim + (size_t)a.g * HD + c8 * 8 : 0;
+        cp_async16_hint(Ks + j * KP + c8 * 4, kc + off, in ? 16 : 0, pol);
+        cp_async16_hint(Vs + j * VP + c8 * 8, vc + off, in ? 16 : 0, pol);
     }
 }
 

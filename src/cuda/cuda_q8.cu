@@ -109,51 +109,10 @@ void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaSt
 
 /* ---- activations in fragment order ---- */
 
-/* Token t of x (f32 [K]): RMSNorm with weight nw (when not NULL; double sum of squares, per-thread partials
- * over a fixed float4 stride, the warp butterfly, then the 8 warps in order), then ggml's Q8_0 quantisation
- * of each 32-block by one thread, into xq / xd (fragment order, token t). Called by all Q8_THREADS threads of
- * a block; ends with the block synchronised. */
+/* Token t of x into xq / xd (fragment order): q8_quant_row (cuda_q8.cuh) for a whole block. */
 __device__ void q8_quant_token(const float *x, const float *nw, float eps, int K, int t, int8_t *xq,
                                float *xd) {
-    __shared__ double part[Q8_WARPS];
-    const int tid = threadIdx.x, NB = K >> 5;
-    float r = 1.0f;
-    if (nw) {
-        double ss = 0;
-#pragma unroll 4
-        for (int j = tid; j < K / 4; j += Q8_THREADS) {
-            const float4 v = ld_cg4(x + 4 * j);
-            ss += (double)v.x * v.x;
-            ss += (double)v.y * v.y;
-            ss += (double)v.z * v.z;
-            ss += (double)v.w * v.w;
-        }
-        ss = warp_sum_d(ss);
-        if ((tid & 31) == 0) part[tid >> 5] = ss;
-        __syncthreads();
-        double tot = 0;
-        for (int w = 0; w < Q8_WARPS; w++) tot += part[w];
-        r = (float)(1.0 / sqrt(tot / (double)K + (double)eps));
-    }
-    for (int b = tid; b < NB; b += Q8_THREADS) {
-        float v[32];
-#pragma unroll
-        for (int j = 0; j < 32; j += 4) {
-            const float4 xv = ld_cg4(x + b * 32 + j);
-            v[j] = __fmul_rn(xv.x, r), v[j + 1] = __fmul_rn(xv.y, r);
-            v[j + 2] = __fmul_rn(xv.z, r), v[j + 3] = __fmul_rn(xv.w, r);
-            if (nw) {
-                const float4 wv = __ldg((const float4 *)(nw + b * 32 + j));
-                v[j] = __fmul_rn(v[j], wv.x), v[j + 1] = __fmul_rn(v[j + 1], wv.y);
-                v[j + 2] = __fmul_rn(v[j + 2], wv.z), v[j + 3] = __fmul_rn(v[j + 3], wv.w);
-            }
-        }
-        uint32_t q[8];
-        xd[frag_d(t, b, NB)] = quant_block32(v, q);
-#pragma unroll
-        for (int m = 0; m < 8; m++) *(uint32_t *)(xq + frag_off(t, b * 32 + 4 * m, NB)) = q[m];
-    }
-    __syncthreads();
+    q8_quant_row(x, nw, eps, K, q8_frag_sink{xq, xd, t, K >> 5}, q8_block_bar{});
 }
 
 /* grid (T): token t of x [T][ldx]. */

@@ -98,6 +98,70 @@ __device__ __forceinline__ void q8_glu_out(const q8_args &a, int t, int fb, int 
     if (lane == 0) a.od[frag_d(t, fb, FB)] = d;
 }
 
+/* Where the quantiser (q8_quant_row) puts a 32-block's scale d and its 8 words of quants: token t of xq /
+ * xd in fragment order (cuda_kernels.cuh). */
+struct q8_frag_sink {
+    int8_t *xq;
+    float *xd;
+    int t, NB;
+    __device__ __forceinline__ void put(int b, float d, const uint32_t (&q)[8]) const {
+        xd[frag_d(t, b, NB)] = d;
+#pragma unroll
+        for (int m = 0; m < 8; m++) *(uint32_t *)(xq + frag_off(t, b * 32 + 4 * m, NB)) = q[m];
+    }
+};
+/* The quantiser's barrier: the whole block (its own kernels); the persistent kernel passes its own. */
+struct q8_block_bar {
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
+
+/* One token of x (f32 [K]): RMSNorm with weight nw (when not NULL; double sum of squares, per-thread partials
+ * over a fixed float4 stride, the warp butterfly, then the 8 warps in order), then ggml's Q8_0 quantisation
+ * of each 32-block by one thread, into out. Called by Q8_THREADS threads (threadIdx.x < Q8_THREADS) that
+ * bar synchronises; ends with them synchronised. */
+template <class SINK, class BAR>
+__device__ __forceinline__ void q8_quant_row(const float *x, const float *nw, float eps, int K,
+                                             const SINK &out, const BAR &bar) {
+    __shared__ double part[Q8_WARPS];
+    const int tid = threadIdx.x, NB = K >> 5;
+    float r = 1.0f;
+    if (nw) {
+        double ss = 0;
+#pragma unroll 4
+        for (int j = tid; j < K / 4; j += Q8_THREADS) {
+            const float4 v = ld_cg4(x + 4 * j);
+            ss += (double)v.x * v.x;
+            ss += (double)v.y * v.y;
+            ss += (double)v.z * v.z;
+            ss += (double)v.w * v.w;
+        }
+        ss = warp_sum_d(ss);
+        if ((tid & 31) == 0) part[tid >> 5] = ss;
+        bar.sync();
+        double tot = 0;
+        for (int w = 0; w < Q8_WARPS; w++) tot += part[w];
+        r = (float)(1.0 / sqrt(tot / (double)K + (double)eps));
+    }
+    for (int b = tid; b < NB; b += Q8_THREADS) {
+        float v[32];
+#pragma unroll
+        for (int j = 0; j < 32; j += 4) {
+            const float4 xv = ld_cg4(x + b * 32 + j);
+            v[j] = __fmul_rn(xv.x, r), v[j + 1] = __fmul_rn(xv.y, r);
+            v[j + 2] = __fmul_rn(xv.z, r), v[j + 3] = __fmul_rn(xv.w, r);
+            if (nw) {
+                const float4 wv = __ldg((const float4 *)(nw + b * 32 + j));
+                v[j] = __fmul_rn(v[j], wv.x), v[j + 1] = __fmul_rn(v[j + 1], wv.y);
+                v[j + 2] = __fmul_rn(v[j + 2], wv.z), v[j + 3] = __fmul_rn(v[j + 3], wv.w);
+            }
+        }
+        uint32_t q[8];
+        const float d = quant_block32(v, q);
+        out.put(b, d, q);
+    }
+    bar.sync();
+}
+
 /* The wide kernel (cuda_q8_wide.cu): the whole product of a.T (> 32) tokens in one launch. */
 void q8_wide_run(const fmc_q8 *w, const q8_args &a, int mode, int pdl, cudaStream_t s);
 int q8_wide_init(void);
