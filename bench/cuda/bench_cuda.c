@@ -33,6 +33,20 @@ static double median(double *v, int n) {
     return v[n / 2];
 }
 
+/* n timed greedy steps after 8 untimed ones from position np (*next fed first), seconds each into ts; the
+ * cache is cut back to np after. */
+static int plain_steps(const fm_decode_backend *G, int np, int32_t *next, double *ts, int n, char *err,
+                       size_t errlen) {
+    for (int i = 0; i < 8 + n; i++) {
+        const double a = hx_now();
+        const int32_t in = *next;
+        if (G->eval(G->ctx, &in, 1, 0, next, err, errlen)) return -1;
+        if (i >= 8) ts[i - 8] = hx_now() - a;
+    }
+    G->rewind(G->ctx, np);
+    return 0;
+}
+
 /* Prefill chunk: the engine's default on CUDA (engine.c) and the backend's row capacity. */
 enum { CHUNK = 512 };
 
@@ -330,6 +344,34 @@ int main(int argc, char **argv) {
     const double kv = 2.0 * 2 * m->hp.n_layers * (NP + 68) * (double)m->hp.n_kv_heads * m->hp.head_dim;
     printf("RESULT device: %s\n", name);
     printf("RESULT copy bandwidth (read+write): %.0f GB/s\n", bw);
+    int mk_stages = 0;
+    const char *mk = fm_cuda_debug_mega(gb, &mk_stages);
+    printf("RESULT persistent step kernel: %s (%d ring stages of 4 tiles a consumer warp)\n", mk, mk_stages);
+    if (getenv("FM_BENCH_MEGA_TRACE") && mk_stages) { /* where a persistent step's time goes */
+        static const char *phase[18] = {"norm",    "qkv",     "barrier", "q/k norm", "barrier", "attention",
+                                        "barrier", "merge",   "barrier", "act load", "wo",      "barrier",
+                                        "norm",    "gate/up", "barrier", "act load", "down",    "barrier"};
+        double us[18], tot = 0;
+        fm_cuda_debug_set_mega(gb, 1);
+        fm_cuda_debug_mega_trace(gb, 1, NULL);
+        if (plain_steps(&G, NP, &next, ts, 16, err, sizeof err) || fm_cuda_debug_mega_trace(gb, 1, us) != 18)
+            return fprintf(stderr, "trace: %s\n", err), 1;
+        for (int i = 0; i < 18; i++) tot += us[i];
+        for (int i = 0; i < 18; i++) printf("RESULT mega phase %-10s %7.2f us\n", phase[i], us[i]);
+        printf("RESULT mega layer %.2f us (block 0's clock; step %.3f ms)\n", tot, median(ts, 16) * 1e3);
+        return 0;
+    }
+    if (getenv("FM_BENCH_MEGA_AB") && mk_stages) { /* plain steps, persistent kernel off / on, alternated */
+        for (int round = 0; round < 3; round++)
+            for (int on = 0; on < 2; on++) {
+                fm_cuda_debug_set_mega(gb, on);
+                if (plain_steps(&G, NP, &next, ts, STEPS, err, sizeof err))
+                    return fprintf(stderr, "step: %s\n", err), 1;
+                printf("RESULT round %d plain step, persistent kernel %s: %.3f ms\n", round,
+                       on ? "on " : "off", median(ts, STEPS) * 1e3);
+            }
+        return 0;
+    }
     printf("RESULT prefill %d tokens: %.1f ms (%.0f tok/s); first run %.1f ms\n", NP, prefill_s * 1e3,
            NP / prefill_s, prefill_cold * 1e3);
     printf("RESULT prefill chunk of %d rows: target forward %.2f ms, drafter context %.2f ms\n", CHUNK,
@@ -338,14 +380,8 @@ int main(int argc, char **argv) {
         const int graphs = cfg < 2, pdl = cfg != 1;
         fm_cuda_debug_set_graphs(gb, graphs);
         fm_cuda_debug_set_pdl(gb, pdl);
-        for (int i = 0; i < 8 + STEPS; i++) {
-            double a = hx_now();
-            int32_t in = next;
-            if (G.eval(G.ctx, &in, 1, 0, &next, err, sizeof err))
-                return fprintf(stderr, "step: %s\n", err), 1;
-            if (i >= 8) ts[i - 8] = hx_now() - a;
-        }
-        G.rewind(G.ctx, NP);
+        if (plain_steps(&G, NP, &next, ts, STEPS, err, sizeof err))
+            return fprintf(stderr, "step: %s\n", err), 1;
         const double t = median(ts, STEPS);
         printf("RESULT plain step (graphs %s, PDL %s): %.3f ms = %.1f tok/s; %.1f%% of roofline\n",
                graphs ? "on" : "off", pdl ? "on" : "off", t * 1e3, 1 / t,

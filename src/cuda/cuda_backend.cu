@@ -101,6 +101,11 @@ struct fm_cuda_backend {
     float *d_draft_raw;         /* [block][vocab]: a draft's unpenalised logits (draft_penalized) */
     int32_t *h_hist;            /* [hist_cap]: the history and the final draft slots */
     int hist_cap;
+    /* the one-token forward in one persistent launch (cuda_megakernel.cu; NULL where the device or the
+     * model cannot take it, mk_why says why), used for steps when use_mk */
+    fmc_mk *mk;
+    int use_mk;
+    char mk_why[160];
     /* graphs, programmatic dependent launch */
     int use_graphs, use_pdl, n_graphs;
     double warm_ms; /* the graphs captured at creation (warm_graphs) took this long */
@@ -476,6 +481,7 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     for (auto &shape : b->draft_exec)
         for (cudaGraphExec_t &e : shape)
             if (e) cudaGraphExecDestroy(e);
+    fmc_mk_free(b->mk);
     if (b->allocs)
         for (void *p : *b->allocs) cudaFree(p);
     delete b->allocs;
@@ -550,6 +556,7 @@ static int attach_scratch(fm_cuda_backend *b, char *err, size_t errlen) {
 }
 
 static int warm_graphs(fm_cuda_backend *b, char *err, size_t errlen);
+static int create_megakernel(fm_cuda_backend *b, char *err, size_t errlen);
 
 extern "C" int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d, int n_ctx, int max_eval,
                                       const int *capture, int n_capture, fm_cuda_backend **out, char *err,
@@ -575,7 +582,7 @@ extern "C" int fm_cuda_backend_create(const qwen3_model *m, const fm_drafter *d,
         fm_cuda_backend_free(b);
         return -1;
     }
-    if (attach_scratch(b, err, errlen) || warm_graphs(b, err, errlen)) {
+    if (attach_scratch(b, err, errlen) || create_megakernel(b, err, errlen) || warm_graphs(b, err, errlen)) {
         fm_cuda_backend_free(b);
         return -1;
     }
@@ -604,7 +611,9 @@ static void target_forward(fm_cuda_backend *b, int T, int mode) {
     if (mode != MODE_NONE) cudaMemsetAsync(b->d_am, 0, (size_t)rows * 8, s);
     fmc_embed_q8(&b->tok, b->d_ids, T, b->x, s);
     const fmc_q8_in xq_in = {b->xq1, b->xd1, NULL, 0, NULL, 0.f};
-    for (int l = 0; l < b->n_layers; l++) {
+    const int persistent = T == 1 && b->use_mk;
+    if (persistent) fmc_mk_launch(b->mk, s);
+    for (int l = 0; l < b->n_layers && !persistent; l++) {
         const dlayer_t *L = &b->L[l];
         __half *kc = b->kc + (size_t)l * b->n_ctx * b->kv_dim, *vc = b->vc + (size_t)l * b->n_ctx * b->kv_dim;
         const fmc_q8_in attn_in = {b->xq0, b->xd0, b->x, dim, L->attn_norm, b->eps};
@@ -1131,6 +1140,51 @@ static int warm_graphs(fm_cuda_backend *b, char *err, size_t errlen) {
     return 0;
 }
 
+/* The persistent one-token forward, where the device and the model take it and its graph can be captured
+ * (cooperative launches in graphs): FMC_MEGA=1 turns it on for steps (fm_cuda_debug_set_mega for tests). */
+static int create_megakernel(fm_cuda_backend *b, char *err, size_t errlen) {
+    std::vector<fmc_mk_layer> L(b->n_layers);
+    for (int l = 0; l < b->n_layers; l++) {
+        const dlayer_t *S = &b->L[l];
+        L[l] = {&S->qkv,
+                &S->wo,
+                &S->gu,
+                &S->down,
+                S->attn_norm,
+                S->q_norm,
+                S->k_norm,
+                S->ffn_norm,
+                b->kc + (size_t)l * b->n_ctx * b->kv_dim,
+                b->vc + (size_t)l * b->n_ctx * b->kv_dim,
+                b->cap_slot[l] >= 0 ? b->feat + (size_t)b->cap_slot[l] * b->dim : NULL};
+    }
+    const fmc_mk_desc d = {b->n_layers,   b->dim, b->n_heads, b->n_kv, b->hd,   b->ffn,
+                           b->max_splits, b->eps, L.data(),   b->x,    b->qkv,  b->q,
+                           b->part,       b->xq1, b->xd1,     b->rope, b->d_pos};
+    const int rc = fmc_mk_create(&d, &b->mk, b->mk_why, sizeof b->mk_why);
+    if (rc < 0) return fail(err, errlen, b->mk_why);
+    if (rc > 0) return 0;
+    /* a step's graph with it (never launched here), as a cooperative launch or else a plain one */
+    cudaGraphExec_t ge;
+    b->use_mk = 1;
+    char e2[256];
+    int ok = 0;
+    for (int coop = 1; coop >= 0 && !ok; coop--) {
+        fmc_mk_set_cooperative(b->mk, coop);
+        ok = !capture(b, target_forward, 1, MODE_LAST, &ge, e2, sizeof e2);
+        if (ok) cudaGraphExecDestroy(ge);
+        cudaGetLastError();
+    }
+    if (!ok) {
+        snprintf(b->mk_why, sizeof b->mk_why, "not capturable in a graph: %.120s", e2);
+        fmc_mk_free(b->mk);
+        b->mk = NULL;
+    }
+    const char *e = getenv("FMC_MEGA");
+    b->use_mk = b->mk && e && !strcmp(e, "1");
+    return 0;
+}
+
 static void cu_reset(void *ctx) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     b->pos = 0;
@@ -1216,6 +1270,27 @@ extern "C" void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on) {
 extern "C" void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on) {
     drop_graphs(b);
     fmc_q8_set_reg_all(on);
+}
+
+extern "C" int fm_cuda_debug_set_mega(fm_cuda_backend *b, int on) {
+    drop_graphs(b);
+    b->use_mk = on && b->mk;
+    return b->use_mk;
+}
+
+extern "C" int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us) {
+    if (!b->mk) return -1;
+    if (!us) {
+        drop_graphs(b);
+        return fmc_mk_trace(b->mk, on);
+    }
+    cudaStreamSynchronize(b->st);
+    return fmc_mk_trace_read(b->mk, us);
+}
+
+extern "C" const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages) {
+    *stages = b->mk ? fmc_mk_stages(b->mk) : 0;
+    return b->mk ? (b->use_mk ? "on" : "off") : b->mk_why;
 }
 
 extern "C" void fm_cuda_debug_set_q8_gemv(fm_cuda_backend *b, int rd) {

@@ -191,6 +191,45 @@ int fmc_q8_persist_prepare(const fmc_persist_product *pr, int n, int8_t *oq, flo
 /* done: n device counters (zeroed by the launch) */
 void fmc_q8_persist_launch(int form, unsigned *done, int n, int waits, int grid, int smem, cudaStream_t s);
 
+/* ---- the one-token forward's layers in one persistent launch (cuda_megakernel.cu) ---- */
+
+typedef struct {
+    const fmc_q8 *qkv, *wo, *gu, *down;
+    const float *attn_norm, *q_norm, *k_norm, *ffn_norm;
+    __half *kc, *vc; /* the layer's caches [n_ctx][n_kv * hd] */
+    float *cap;      /* where the layer's output is also copied (the drafter's features), or NULL */
+} fmc_mk_layer;
+/* The target and the buffers its kernels use for one token (cuda_backend.cu): x [dim] (the embedding in,
+ * the last layer's output out), qkv, q, the attention's partials, xq / xd (fragment order, maxK). */
+typedef struct {
+    int n_layers, dim, n_heads, n_kv, hd, ffn, max_splits;
+    float eps;
+    const fmc_mk_layer *layers; /* host array of n_layers */
+    float *x, *qkv, *q, *part;
+    int8_t *xq;
+    float *xd;
+    const float *rope;
+    const int *pos;
+} fmc_mk_desc;
+typedef struct fmc_mk fmc_mk;
+/* 0 and *out on success; 1 when this device or model cannot take it (why says what); -1 on an error. */
+int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen);
+/* The forward of one token at *pos through every layer (x in place), on stream s (graph-capturable). */
+void fmc_mk_launch(const fmc_mk *mk, cudaStream_t s);
+void fmc_mk_free(fmc_mk *mk);
+/* 1 (default): launched as a cooperative kernel (the driver checks that every block is resident at once);
+ * 0: a plain launch of one block per SM (where a graph cannot hold cooperative launches: its blocks are
+ * resident at once all the same, as nothing else runs beside it in the backend's stream). */
+void fmc_mk_set_cooperative(fmc_mk *mk, int on);
+/* Diagnostics: on, block 0 records the clock at every phase boundary of every layer (a graph captured after
+ * this takes it); fmc_mk_trace_read: each phase's mean microseconds over the middle layers into us[], returns
+ * how many phases (18: norm, qkv, barrier, q/k norm, barrier, attention, barrier, merge, barrier,
+ * activations, wo, barrier, norm, gate/up, barrier, activations, down, barrier), < 0 without a trace. */
+int fmc_mk_trace(fmc_mk *mk, int on);
+int fmc_mk_trace_read(const fmc_mk *mk, double *us);
+/* Ring stages of 4 weight tiles each consumer warp keeps in flight. */
+int fmc_mk_stages(const fmc_mk *mk);
+
 /* ---- BF16 (cuda_bf16.cu) ---- */
 
 enum { FMC_BF16_STORE = 0, FMC_BF16_GELU = 1, FMC_BF16_GATE_ADD = 2 };

@@ -471,28 +471,37 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
 
     /* 2. A verify block equals step-by-step rows bit for bit (graphs on / off, PDL on / off), and every
      * launch mode gives the same bits. */
+    int mk_stages = 0;
+    const char *mk_state = fm_cuda_debug_mega(gb, &mk_stages);
+    const int has_mega = mk_stages > 0, mega_default = has_mega && !strcmp(mk_state, "on");
+    if (!has_mega) printf("INFO tied=%d: no persistent step kernel here: %s\n", tied, mk_state);
     float *ref17 = malloc(sizeof(float) * 17 * V);
-    static const char *const variant[9] = {"",
-                                           "",
-                                           "",
-                                           "",
-                                           " register loop everywhere",
-                                           " no activations in shared memory",
-                                           " activations in shared memory, 8 tiles in flight",
-                                           " activations in shared memory, 12 tiles in flight",
-                                           " activations in shared memory, 16 tiles in flight"};
-    for (int mode = 0; mode < 9; mode++) {
+    static const char *const variant[10] = {"",
+                                            "",
+                                            "",
+                                            "",
+                                            " register loop everywhere",
+                                            " no activations in shared memory",
+                                            " activations in shared memory, 8 tiles in flight",
+                                            " activations in shared memory, 12 tiles in flight",
+                                            " activations in shared memory, 16 tiles in flight",
+                                            " steps in one persistent launch"};
+    for (int mode = 0; mode < 9 + has_mega; mode++) {
         /* modes 0..3: graphs and PDL on / off, the default kernels. From 4 graphs and PDL: 4 every store /
          * add product of up to 16 rows and the one-token gate/up on the register loop (whose default choice
          * up to 8 rows takes it for full-size matrices only); 8 and 12 rows: its forms for one and two
          * n-tiles of 8 tokens, 17: the staged loop. 5: none in shared memory (steps on the staged or register
          * loop), 6..8: every product of 1..8 rows with its activations in shared memory at each depth (the
-         * default: steps only, by the matrix's shape). */
+         * default: steps only, by the matrix's shape); 9: steps by the persistent kernel, where the device
+         * takes it. */
         const int graphs = mode < 4 ? !(mode & 1) : 1, pdl = mode < 4 ? !(mode & 2) : 1;
         fm_cuda_debug_set_graphs(gb, graphs);
         fm_cuda_debug_set_pdl(gb, pdl);
         fm_cuda_debug_set_q8_reg_all(gb, mode == 4);
-        fm_cuda_debug_set_q8_gemv(gb, mode == 4 || mode == 5 ? 0 : mode >= 6 ? 4 * (mode - 4) : -1);
+        fm_cuda_debug_set_q8_gemv(gb, mode == 4 || mode == 5  ? 0
+                                      : mode >= 6 && mode < 9 ? 4 * (mode - 4)
+                                                              : -1);
+        fm_cuda_debug_set_mega(gb, mode == 9 ? 1 : mega_default);
         static const int Ts[] = {8, 12, 17};
         for (int k = 0; k < 3; k++) {
             const int T = Ts[k];
@@ -526,6 +535,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     fm_cuda_debug_set_pdl(gb, 1);
     fm_cuda_debug_set_q8_reg_all(gb, 0);
     fm_cuda_debug_set_q8_gemv(gb, -1);
+    fm_cuda_debug_set_mega(gb, mega_default);
 
     /* 3. The drafter through the GPU pipeline (captured features, commit, context extension, draft) against
      * the CPU drafter given the same context: the GPU target's captured features. (Each backend drafting
