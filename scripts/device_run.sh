@@ -3,7 +3,10 @@
 # libcurl, no libcrypto: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc
 # come from the carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
 # the full-size benchmark, the persistent-kernel probe and the PyTorch peer.
-# usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|peer|llama-build|llama|ab]...
+# usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|mega|peer|llama-build|llama|ab]...
+# mega: the persistent step kernel (src/cuda/cuda_megakernel.cu): plain steps with it off and on, alternated in
+#   one process (FM_BENCH_MEGA_AB), and its phase clock (FM_BENCH_MEGA_TRACE), under each line of MEGA_VARIANTS
+#   (environment assignments, "-" for none), e.g. MEGA_VARIANTS=$'-\nFMC_MEGA_POLL=1 FMC_MEGA_RED=1\nFMC_MEGA_NS=6'.
 # llama-build: llama.cpp's CUDA llama-bench from a carried .devdeps/llsrc.tar.xz (made on the workstation by
 #   `bench/build_llamacpp.sh --from-pypi --pack .devdeps/llsrc.tar.xz /tmp/llsrc`) into /tmp/llb, which the
 #   llama step then takes (about 330 s with 12 jobs beside a GPU run on the H200's 16 cores).
@@ -79,6 +82,13 @@ for step in "$@"; do
     # the step's products in one persistent launch against a graph of launches (cuda_q8_persist.cu)
     persist) FM_BENCH_PERSIST=1 timeout "$lim" "$B/bench_cuda" "$WORK" 2>&1 | grep "RESULT" \
                | tee "$OUT/persist.log" ;;
+    mega) while IFS= read -r v; do
+            [ -n "$v" ] || continue
+            envs=(); [ "$v" = "-" ] || read -r -a envs <<<"$v"
+            echo "-- [$v]"
+            env "${envs[@]}" FM_BENCH_MEGA_AB=1 timeout 120 "$B/bench_cuda" "$WORK" 2>&1 | grep -E "RESULT (round|pers)"
+            env "${envs[@]}" FM_BENCH_MEGA_TRACE=1 timeout 120 "$B/bench_cuda" "$WORK" 2>&1 | grep "RESULT mega"
+          done <<<"${MEGA_VARIANTS:--}" | tee "$OUT/mega.log" ;;
     peer) PYTHONUNBUFFERED=1 timeout "$lim" python3 "$ROOT/bench/cuda/torch_peer.py" 2>&1 | tail -15 \
             | tee "$OUT/peer.log" ;;
     llama-build) if [ -f "$DEPS/llsrc.tar.xz" ]; then

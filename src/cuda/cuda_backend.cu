@@ -1290,7 +1290,10 @@ extern "C" int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us) 
 
 extern "C" const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages) {
     *stages = b->mk ? fmc_mk_stages(b->mk) : 0;
-    return b->mk ? (b->use_mk ? "on" : "off") : b->mk_why;
+    if (!b->mk) return b->mk_why;
+    const int coop = fmc_mk_cooperative(b->mk);
+    return b->use_mk ? (coop ? "on, cooperative launch" : "on, plain launch")
+                     : (coop ? "off, cooperative launch" : "off, plain launch");
 }
 
 extern "C" void fm_cuda_debug_set_q8_gemv(fm_cuda_backend *b, int rd) {

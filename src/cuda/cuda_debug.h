@@ -49,7 +49,8 @@ int fm_cuda_debug_set_mega(fm_cuda_backend *b, int on);
 /* The persistent step kernel's phase clock (cuda_kernels.cuh, fmc_mk_trace): us == NULL: on / off (graphs
  * are captured again); else the last step's phase means into us[18], returning 18, or < 0. */
 int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us);
-/* "on" / "off" for the persistent step kernel and its ring stages, or why the backend has none. */
+/* "on" / "off" for the persistent step kernel (with its launch: cooperative or plain) and its ring stages,
+ * or why the backend has none. */
 const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages);
 /* 0: the drafter's Q8_0 products merge the sums of a group's several blocks through L2 instead of in
  * thread-block clusters (process-wide, for launches made after it; the same bits either way). Returns 1 if

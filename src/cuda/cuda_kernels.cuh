@@ -221,6 +221,7 @@ void fmc_mk_free(fmc_mk *mk);
  * 0: a plain launch of one block per SM (where a graph cannot hold cooperative launches: its blocks are
  * resident at once all the same, as nothing else runs beside it in the backend's stream). */
 void fmc_mk_set_cooperative(fmc_mk *mk, int on);
+int fmc_mk_cooperative(const fmc_mk *mk);
 /* Diagnostics: on, block 0 records the clock at every phase boundary of every layer (a graph captured after
  * this takes it); fmc_mk_trace_read: each phase's mean microseconds over the middle layers into us[], returns
  * how many phases (18: norm, qkv, barrier, q/k norm, barrier, attention, barrier, merge, barrier,

@@ -68,8 +68,9 @@ struct mk_params {
     const float *rope;
     const int *pos;
     int n_layers, dim, n_heads, n_kv, ffn, max_splits, ns, max_nb;
-    int pf;  /* ring stages a producer lane may ask L2 for ahead of its ring while the ring is full */
-    int red; /* the grid barrier counts in with a reduction (no return) instead of an atomic add */
+    int pf;   /* ring stages a producer lane may ask L2 for ahead of its ring while the ring is full */
+    int red;  /* the grid barrier counts in with a reduction (no return) instead of an atomic add */
+    int poll; /* the producer's lanes in step, testing their rings without blocking */
     unsigned long long *trace; /* block 0's clock at each phase boundary, [n_layers][MK_TRACE], or NULL */
     float eps;
 };
@@ -97,6 +98,15 @@ __device__ __forceinline__ bool mb_try(uint64_t *b, unsigned parity) {
     unsigned ok;
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+        : "=r"(ok)
+        : "r"(smem_addr(b)), "r"(parity)
+        : "memory");
+    return ok != 0;
+}
+__device__ __forceinline__ bool mb_test(uint64_t *b, unsigned parity) {
+    unsigned ok;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
         : "=r"(ok)
         : "r"(smem_addr(b)), "r"(parity)
         : "memory");
@@ -237,18 +247,7 @@ __device__ void mk_produce(const mk_params &P, const mk_smem &m) {
     mk_cursor cp, pf;
     cp.start(P, lane >> 2, lane & 3);
     pf = cp;
-    while (cp.live) {
-        if (!mb_try(empty + s, ph ^ 1)) {
-            const unsigned long long t0 = global_ns();
-            while (!mb_try(empty + s, ph ^ 1)) {
-                if (ahead < P.pf && pf.live) {
-                    prefetch_l2(pf.qs + (size_t)pf.kb * 32, pf.tiles() * 512);
-                    prefetch_l2(pf.sc + (size_t)pf.kb * 8, pf.tiles() * 32);
-                    pf.advance(P), ahead++;
-                } else if (global_ns() - t0 > MK_TIMEOUT_NS)
-                    __trap();
-            }
-        }
+    auto issue = [&]() {
         const unsigned n = cp.tiles();
         mb_expect(full + s, n * 544);
         bulk_copy_hint(rw + (size_t)s * MK_STAGE_W, cp.qs + (size_t)cp.kb * 32, n * 512, full + s, pol);
@@ -259,6 +258,42 @@ __device__ void mk_produce(const mk_params &P, const mk_smem &m) {
             ahead--;
         else
             pf = cp;
+    };
+    auto prefetch = [&]() {
+        prefetch_l2(pf.qs + (size_t)pf.kb * 32, pf.tiles() * 512);
+        prefetch_l2(pf.sc + (size_t)pf.kb * 8, pf.tiles() * 32);
+        pf.advance(P), ahead++;
+    };
+    if (P.poll) {
+        /* the 8 lanes in step: each round every lane whose next stage is free issues it (a non-blocking
+         * test), so that no lane's wait holds up the others */
+        unsigned long long t0 = global_ns();
+        for (;;) {
+            const bool live = cp.live;
+            if (!__any_sync(0xffu, live)) break;
+            bool moved = false;
+            if (live && mb_test(empty + s, ph ^ 1))
+                issue(), moved = true;
+            else if (live && ahead < P.pf && pf.live)
+                prefetch(), moved = true;
+            if (__any_sync(0xffu, moved))
+                t0 = global_ns();
+            else if (global_ns() - t0 > MK_TIMEOUT_NS)
+                __trap();
+        }
+        return;
+    }
+    while (cp.live) {
+        if (!mb_try(empty + s, ph ^ 1)) {
+            const unsigned long long t0 = global_ns();
+            while (!mb_try(empty + s, ph ^ 1)) {
+                if (ahead < P.pf && pf.live)
+                    prefetch();
+                else if (global_ns() - t0 > MK_TIMEOUT_NS)
+                    __trap();
+            }
+        }
+        issue();
     }
 }
 
@@ -591,7 +626,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     mk_params &p = mk->p;
     p.n_layers = d->n_layers, p.dim = d->dim, p.n_heads = d->n_heads, p.n_kv = d->n_kv, p.ffn = d->ffn;
     p.max_splits = d->max_splits, p.ns = ns, p.max_nb = max_nb, p.eps = d->eps, p.pf = pf ? atoi(pf) : 0;
-    p.red = getenv("FMC_MEGA_RED") != NULL; /* experiments */
+    p.red = getenv("FMC_MEGA_RED") != NULL, p.poll = getenv("FMC_MEGA_POLL") != NULL; /* experiments */
     p.x = d->x, p.qkv = d->qkv, p.q = d->q, p.part = d->part, p.xq = d->xq, p.xd = d->xd;
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);
@@ -652,6 +687,10 @@ void fmc_mk_launch(const fmc_mk *mk, cudaStream_t s) {
 
 void fmc_mk_set_cooperative(fmc_mk *mk, int on) {
     mk->coop = on;
+}
+
+int fmc_mk_cooperative(const fmc_mk *mk) {
+    return mk->coop;
 }
 
 int fmc_mk_trace(fmc_mk *mk, int on) {

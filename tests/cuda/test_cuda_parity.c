@@ -473,7 +473,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
      * launch mode gives the same bits. */
     int mk_stages = 0;
     const char *mk_state = fm_cuda_debug_mega(gb, &mk_stages);
-    const int has_mega = mk_stages > 0, mega_default = has_mega && !strcmp(mk_state, "on");
+    const int has_mega = mk_stages > 0, mega_default = has_mega && !strncmp(mk_state, "on", 2);
     if (!has_mega) printf("INFO tied=%d: no persistent step kernel here: %s\n", tied, mk_state);
     float *ref17 = malloc(sizeof(float) * 17 * V);
     static const char *const variant[10] = {"",
