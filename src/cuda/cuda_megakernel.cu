@@ -280,6 +280,8 @@ __device__ void mk_produce(const mk_params &P, const mk_smem &m) {
                 t0 = global_ns();
             else if (global_ns() - t0 > MK_TIMEOUT_NS)
                 __trap();
+            else
+                __nanosleep(64); /* every ring full: leave the issue slots to the consumers a while */
         }
         return;
     }
