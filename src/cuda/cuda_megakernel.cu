@@ -94,24 +94,21 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+/* Whether the mbarrier's phase of this parity has completed: try_wait may first suspend the thread a while
+ * (a limit the hardware sets), test_wait answers at once. */
+#define MK_MB_WAIT(op)                                                                                       \
+    "{\n.reg .pred p;\nmbarrier." op ".parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
 __device__ __forceinline__ bool mb_try(uint64_t *b, unsigned parity) {
     unsigned ok;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-        : "=r"(ok)
-        : "r"(smem_addr(b)), "r"(parity)
-        : "memory");
+    asm volatile(MK_MB_WAIT("try_wait") : "=r"(ok) : "r"(smem_addr(b)), "r"(parity) : "memory");
     return ok != 0;
 }
 __device__ __forceinline__ bool mb_test(uint64_t *b, unsigned parity) {
     unsigned ok;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-        : "=r"(ok)
-        : "r"(smem_addr(b)), "r"(parity)
-        : "memory");
+    asm volatile(MK_MB_WAIT("test_wait") : "=r"(ok) : "r"(smem_addr(b)), "r"(parity) : "memory");
     return ok != 0;
 }
+#undef MK_MB_WAIT
 __device__ __forceinline__ void mk_wait(uint64_t *b, unsigned parity) {
     if (mb_try(b, parity)) return;
     const unsigned long long t0 = global_ns();
