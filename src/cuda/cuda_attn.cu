@@ -54,13 +54,6 @@ struct attn_shape {
 static const attn_shape k_attn_long[] = {{16, 2, 64}, {32, 2, 64}, {64, 4, 32}, {ATT_QROWS, ATT_WARPS, 16}};
 static const attn_shape &k_attn_short = k_attn_long[3];
 
-/* Shared memory of a split block: K [64][hd/2 + 4] half2 words, V [64][hd + 8] halves, the block's query
- * rows as two f16 parts [2][qr][hd + 8] (the pads spread a fragment's rows over all banks). */
-static size_t attn_smem(int hd, int qr) {
-    return (size_t)FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + (size_t)FMC_ATT_SPLIT * (hd + 8) * 2 +
-           (size_t)2 * qr * (hd + 8) * 2;
-}
-
 static attn_shape attn_shape_for(int T, int G, int form) {
     if (form == FMC_ATT_LONG)
         for (const attn_shape &sh : k_attn_long)

@@ -293,6 +293,14 @@ __device__ __forceinline__ void attn_pv(const float (&sc)[8][4], const __half *V
     }
 }
 
+/* Shared memory of a split block (and of the persistent step's attention units): K [64][hd/2 + 4] half2
+ * words, V [64][hd + 8] halves, the block's query rows as two f16 parts [2][qr][hd + 8] (the pads spread a
+ * fragment's rows over all banks). */
+static inline size_t attn_smem(int hd, int qr) {
+    return (size_t)FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + (size_t)FMC_ATT_SPLIT * (hd + 8) * 2 +
+           (size_t)2 * qr * (hd + 8) * 2;
+}
+
 /* A split block's queries (cuda_attn.cu says how they sit): KV head g with its G query heads, rows tb ..
  * of T (zb: the launch's block along z), the calling thread's lane, warp and quad. */
 struct attn_block {

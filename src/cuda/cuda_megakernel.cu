@@ -520,8 +520,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
 /* Bytes of shared memory past the rings (activations, sums, scratch) and of one ring stage of every
  * consumer warp (with its two mbarriers). */
 size_t mk_fixed_bytes(int hd, int max_nb) {
-    const size_t attn = (size_t)FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + (size_t)FMC_ATT_SPLIT * (hd + 8) * 2 +
-                        (size_t)2 * MK_QR * (hd + 8) * 2;
+    const size_t attn = attn_smem(hd, MK_QR);
     const size_t merge = (size_t)(MK_CTHREADS / hd) * 2 * MK_CH * (hd + 2) * 4;
     return (size_t)max_nb * 36 + MK_RED_FLOATS * 4 + std::max(attn, merge);
 }
