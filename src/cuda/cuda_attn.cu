@@ -21,7 +21,7 @@ __global__ void k_qk_norm_rope_kv(const float *qkv, int n_heads, int n_kv, int h
     pdl_trigger();
     pdl_wait();
     qk_norm_rope_head(qkv, blockIdx.x, blockIdx.y, n_heads, n_kv, hd, q_norm, k_norm, eps, rope, pos, q_out,
-                      k_cache, v_cache, attn_group_block{sh});
+                      k_cache, v_cache, block_group{sh});
 }
 
 void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd, const float *q_norm,
@@ -88,9 +88,9 @@ __global__ void __launch_bounds__(NW * 32, 1)
     constexpr int ROUNDS = (FMC_ATT_SPLIT * C8N + NW * 32 * 8 - 1) / (NW * 32 * 8); /* of the loads below */
     static_assert(QR <= NW * 16, "a 16-row query tile per warp");
     extern __shared__ __align__(16) unsigned char smem[];
-    uint32_t *Ks = (uint32_t *)smem;
-    __half *Vs = (__half *)(Ks + FMC_ATT_SPLIT * KP);
-    __half *Qs = Vs + FMC_ATT_SPLIT * VP; /* [2][QR][QP]: high, low parts */
+    const attn_tiles<HD> sm(smem);
+    uint32_t *Ks = sm.Ks;
+    __half *Vs = sm.Vs, *Qs = sm.Qs;
     pdl_trigger();
     /* *pos comes from the host before the graph; cache rows below it were written by earlier forwards, so
      * the first split's rows below it load before the predecessor (which writes rows pos ..) is done. */
@@ -146,12 +146,11 @@ template <int HD, int QR, int NW>
 __global__ void __launch_bounds__(NW * 32, 1)
     k_attn_split_async(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
                        const int *pos, int causal, int max_splits, float *part) {
-    constexpr int KP = HD / 2 + 4, VP = HD + 8;
     static_assert(QR <= NW * 16, "a 16-row query tile per warp");
     extern __shared__ __align__(16) unsigned char smem[];
-    uint32_t *Ks = (uint32_t *)smem;
-    __half *Vs = (__half *)(Ks + FMC_ATT_SPLIT * KP);
-    __half *Qs = Vs + FMC_ATT_SPLIT * VP; /* [2][QR][QP]: high, low parts */
+    const attn_tiles<HD> sm(smem);
+    uint32_t *Ks = sm.Ks;
+    __half *Vs = sm.Vs, *Qs = sm.Qs;
     pdl_trigger();
     const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, pos, causal, blockIdx.y, blockIdx.z);
     const bool busy = a.warp * 16 < a.nq;

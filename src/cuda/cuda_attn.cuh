@@ -40,27 +40,6 @@ __device__ __forceinline__ void split_half2(float x0, float x1, uint32_t *hi, ui
     *lo = pack_half2(x0 - hf.x, x1 - hf.y);
 }
 
-/* The threads that share a head in qk_norm_rope_head: the whole block (its kernel), or a group of a
- * persistent block (cuda_megakernel.cu) with a named barrier; sh: 32 doubles of the group's own. */
-struct attn_group_block {
-    double *sh;
-    __device__ __forceinline__ int tid() const { return threadIdx.x; }
-    __device__ __forceinline__ int size() const { return blockDim.x; }
-    __device__ __forceinline__ void sync() const { __syncthreads(); }
-};
-
-/* Sum over a group's threads in a fixed order: the warp butterfly, then the warps in order. */
-template <class GRP> __device__ __forceinline__ double group_sum_d(double v, const GRP &grp) {
-    const int lane = grp.tid() & 31, w = grp.tid() >> 5, nw = grp.size() >> 5;
-    v = warp_sum_d(v);
-    grp.sync();
-    if (lane == 0) grp.sh[w] = v;
-    grp.sync();
-    double t = 0;
-    for (int i = 0; i < nw; i++) t += grp.sh[i];
-    return t;
-}
-
 /* Head hh of row t of qkv [T][q_dim + 2 kv_dim]: q and k heads RMSNorm'd (q_norm / k_norm) and rotated (NEOX
  * RoPE at *pos + t), q into q_out [T][q_dim], k into the f16 key cache row *pos + t; v heads copied to the
  * value cache. qkv is read through L2 (a persistent launch writes it in the same kernel). */
@@ -300,6 +279,14 @@ static inline size_t attn_smem(int hd, int qr) {
     return (size_t)FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + (size_t)FMC_ATT_SPLIT * (hd + 8) * 2 +
            (size_t)2 * qr * (hd + 8) * 2;
 }
+/* The three regions of attn_smem's layout, from its base. */
+template <int HD> struct attn_tiles {
+    uint32_t *Ks;
+    __half *Vs, *Qs; /* Qs: [2][qr][HD + 8], high and low parts */
+    __device__ __forceinline__ explicit attn_tiles(unsigned char *base)
+        : Ks((uint32_t *)base), Vs((__half *)(Ks + FMC_ATT_SPLIT * (HD / 2 + 4))),
+          Qs(Vs + FMC_ATT_SPLIT * (HD + 8)) {}
+};
 
 /* A split block's queries (cuda_attn.cu says how they sit): KV head g with its G query heads, rows tb ..
  * of T (zb: the launch's block along z), the calling thread's lane, warp and quad. */

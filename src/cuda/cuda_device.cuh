@@ -137,6 +137,28 @@ __device__ __forceinline__ double warp_sum_d(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+
+/* Threads that sum together with group_sum_d: the whole block, or a group of a persistent block
+ * (cuda_megakernel.cu) with a named barrier; sh: 32 doubles of the group's own. */
+struct block_group {
+    double *sh;
+    __device__ __forceinline__ int tid() const { return threadIdx.x; }
+    __device__ __forceinline__ int size() const { return blockDim.x; }
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
+
+/* Sum over a group's threads (a multiple of 32) in a fixed order: the warp butterfly, then the warps in
+ * order; every thread gets the result. */
+template <class GRP> __device__ __forceinline__ double group_sum_d(double v, const GRP &grp) {
+    const int lane = grp.tid() & 31, w = grp.tid() >> 5, nw = grp.size() >> 5;
+    v = warp_sum_d(v);
+    grp.sync();
+    if (lane == 0) grp.sh[w] = v;
+    grp.sync();
+    double t = 0;
+    for (int i = 0; i < nw; i++) t += grp.sh[i];
+    return t;
+}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -36,14 +36,7 @@ int fmc_sm_count(void) {
 /* Sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result. */
 static __device__ double block_sum_d(double v) {
     __shared__ double sh[32];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_d(v);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    double t = 0;
-    for (int i = 0; i < nw; i++) t += sh[i];
-    return t;
+    return group_sum_d(v, block_group{sh});
 }
 static __device__ float block_sum_f(float v) {
     __shared__ float shf[32];
