@@ -60,7 +60,7 @@ struct mk_layer {
 };
 struct mk_params {
     const mk_layer *L;
-    const unsigned short *gstart, *gcount; /* [4 products][blocks]: each block's run of groups */
+    const unsigned short *gstart, *gcount; /* [4 products][blocks]: each block's run of groups (of units) */
     unsigned *bar;                         /* the grid barrier's arrivals (zeroed before each launch) */
     float *x, *qkv, *q, *part;
     int8_t *xq; /* the attention's and the GLU's quantised output, fragment order */
@@ -68,9 +68,19 @@ struct mk_params {
     const float *rope;
     const int *pos;
     int n_layers, dim, n_heads, n_kv, ffn, max_splits, ns, max_nb;
-    int pf;   /* ring stages a producer lane may ask L2 for ahead of its ring while the ring is full */
-    int red;  /* the grid barrier counts in with a reduction (no return) instead of an atomic add */
-    int poll; /* the producer's lanes in step, testing their rings without blocking */
+    int pf;      /* ring stages a producer lane may ask L2 for ahead of its ring while the ring is full */
+    int red;     /* the grid barrier counts in with a reduction (no return) instead of an atomic add */
+    int poll;    /* the producer's lanes in step, testing their rings without blocking */
+    int self;    /* no producer: each consumer warp refills the stage it has just used */
+    int fold;    /* q/k norm, RoPE and the KV write inside the attention units (one grid barrier fewer) */
+    float *qblk; /* with fold: each block's queries of its unit, [blocks][n_heads * HD] */
+    /* units: a product's (tile, K share) units spread over the blocks by bytes, each consumer warp taking
+     * its own; the last unit of a group to finish (ucnt: arrivals, never reset) adds the group's partial
+     * sums (upart, [units][16]) in share order and stores */
+    int units;
+    float *upart;
+    unsigned *ucnt; /* [4 products][max_groups] */
+    int max_groups;
     unsigned long long *trace; /* block 0's clock at each phase boundary, [n_layers][MK_TRACE], or NULL */
     float eps;
 };
@@ -188,15 +198,17 @@ __device__ __forceinline__ mk_smem mk_carve(unsigned char *base, const mk_params
 /* Where producer lane (slot, r) is in its sequence of stages: unit r of the slot's groups (every other group
  * of the block's run) of each product of each layer, 4 tiles a stage. */
 struct mk_cursor {
-    int l, k, j, kb, nbw, slot, r;
+    int l, k, j, kb, nbw, first, step, r;
     const int4 *qs;
     const uint32_t *sc;
     bool live;
-    __device__ void start(const mk_params &P, int slot_, int r_) {
-        slot = slot_, r = r_, l = 0, k = 0, j = slot - 2, live = true;
+    /* groups: unit r of groups first, first + 2, .. of the block's run (group slot `first`); with P.units,
+     * the block's units first, first + MK_CWARPS, .. (consumer warp `first`) */
+    __device__ void start(const mk_params &P, int first_, int r_) {
+        first = first_, step = P.units ? MK_CWARPS : 2, r = r_, l = 0, k = 0, j = first - step, live = true;
         next_unit(P);
     }
-    /* the next unit of the lane's: the slot's next group in this product, else the next product */
+    /* the next unit of the lane's in this product, else in the next product */
     __device__ void next_unit(const mk_params &P) {
         for (;;) {
             if (l >= P.n_layers) {
@@ -205,15 +217,20 @@ struct mk_cursor {
             }
             const mk_mat M = P.L[l].m[k];
             const int i = k * gridDim.x + blockIdx.x;
-            j += 2;
-            if (r < mk_units(M) && j < P.gcount[i]) {
-                int kb0;
-                const int tile = mk_unit(M, P.gstart[i] + j, r, &kb0, &nbw);
+            j += step;
+            if (j < P.gcount[i] && (P.units || r < mk_units(M))) {
+                int kb0, tile;
+                if (P.units) {
+                    const int u = P.gstart[i] + j, upg = mk_units(M);
+                    tile = mk_unit(M, u / upg, u % upg, &kb0, &nbw);
+                } else {
+                    tile = mk_unit(M, P.gstart[i] + j, r, &kb0, &nbw);
+                }
                 const size_t t0 = (size_t)tile * (M.K >> 5) + kb0;
                 qs = M.qs + t0 * 32, sc = M.sc + t0 * 8, kb = 0;
                 return;
             }
-            j = slot - 2;
+            j = first - step;
             if (++k == 4) k = 0, l++;
         }
     }
@@ -224,8 +241,23 @@ struct mk_cursor {
     }
 };
 
+/* The cursor's stage into ring slot s (rw / rs: the warp's ring, full: its mbarriers). */
+__device__ __forceinline__ void mk_issue(const mk_cursor &c, unsigned char *rw, unsigned char *rs,
+                                         uint64_t *full, int s, uint64_t pol) {
+    const unsigned n = c.tiles();
+    mb_expect(full + s, n * 544);
+    bulk_copy_hint(rw + (size_t)s * MK_STAGE_W, c.qs + (size_t)c.kb * 32, n * 512, full + s, pol);
+    bulk_copy_hint(rs + (size_t)s * MK_STAGE_S, c.sc + (size_t)c.kb * 8, n * 32, full + s, pol);
+}
+
 __device__ __forceinline__ void prefetch_l2(const void *src, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+/* The cursor's stage asked of L2 (no copy into shared memory), and the cursor past it. */
+__device__ __forceinline__ void mk_prefetch(mk_cursor &c, const mk_params &P) {
+    prefetch_l2(c.qs + (size_t)c.kb * 32, c.tiles() * 512);
+    prefetch_l2(c.sc + (size_t)c.kb * 8, c.tiles() * 32);
+    c.advance(P);
 }
 
 /* The producer: lane j < 8 streams, stage by stage, the tiles consumer warp j will take, in the order it
@@ -242,13 +274,13 @@ __device__ void mk_produce(const mk_params &P, const mk_smem &m) {
     unsigned char *rw = m.ring_w + (size_t)lane * P.ns * MK_STAGE_W;
     unsigned char *rs = m.ring_s + (size_t)lane * P.ns * MK_STAGE_S;
     mk_cursor cp, pf;
-    cp.start(P, lane >> 2, lane & 3);
+    if (P.units)
+        cp.start(P, lane, 0);
+    else
+        cp.start(P, lane >> 2, lane & 3);
     pf = cp;
     auto issue = [&]() {
-        const unsigned n = cp.tiles();
-        mb_expect(full + s, n * 544);
-        bulk_copy_hint(rw + (size_t)s * MK_STAGE_W, cp.qs + (size_t)cp.kb * 32, n * 512, full + s, pol);
-        bulk_copy_hint(rs + (size_t)s * MK_STAGE_S, cp.sc + (size_t)cp.kb * 8, n * 32, full + s, pol);
+        mk_issue(cp, rw, rs, full, s, pol);
         if (++s == P.ns) s = 0, ph ^= 1;
         cp.advance(P);
         if (ahead > 0)
@@ -257,9 +289,8 @@ __device__ void mk_produce(const mk_params &P, const mk_smem &m) {
             pf = cp;
     };
     auto prefetch = [&]() {
-        prefetch_l2(pf.qs + (size_t)pf.kb * 32, pf.tiles() * 512);
-        prefetch_l2(pf.sc + (size_t)pf.kb * 8, pf.tiles() * 32);
-        pf.advance(P), ahead++;
+        mk_prefetch(pf, P);
+        ahead++;
     };
     if (P.poll) {
         /* the 8 lanes in step: each round every lane whose next stage is free issues it (a non-blocking
@@ -296,10 +327,15 @@ __device__ void mk_produce(const mk_params &P, const mk_smem &m) {
     }
 }
 
-/* A consumer warp's place in its ring. */
+/* A consumer warp's place in its ring; with P.self, lane 0's cursor of the stages it issues next, and
+ * with P.pf, the cursor of the stage P.pf past the ring that it asks L2 for along with each. */
 struct mk_ring {
     int s;
     unsigned ph;
+    bool self;
+    mk_cursor cur, pfc;
+    uint64_t pol;
+    const mk_params *P;
 };
 
 /* The quantiser's output into the block's activations: token 0's 32 quants of each 32-block in the order of
@@ -345,43 +381,75 @@ __device__ void mk_load_act(const int8_t *xq, const float *xd, int K, const mk_s
     named_sync(MK_BAR_ALL, MK_CTHREADS);
 }
 
+/* The calling warp's unit of nbw 32-blocks from kb0 of the product's activations (the block's m.xs / m.ds),
+ * its stages taken from the warp's ring, into acc (fmc_split's order: acc = fma(isum, dw * dx, acc)). */
+__device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_ring &rg,
+                                               const mk_smem &m, int ns) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    uint64_t *full = m.full + warp * ns, *empty = m.empty + warp * ns;
+    unsigned char *rw = m.ring_w + (size_t)warp * ns * MK_STAGE_W,
+                  *rs = m.ring_s + (size_t)warp * ns * MK_STAGE_S;
+    const uint2 *xw = (const uint2 *)m.xs + (size_t)kb0 * 4 + c;
+    const float *dw = m.ds + kb0;
+    auto tile = [&](const int4 &A, uint32_t sc, uint2 xv, float dx) {
+        int d[4];
+        mma_s8(d, A, xv.x, xv.y);
+        q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), make_float2(dx, 0.0f));
+    };
+    /* the stage back to the producer */
+    auto release = [&]() {
+        __syncwarp();
+        if (lane == 0) mb_arrive(empty + rg.s);
+    };
+    for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
+        mk_wait(full + rg.s, rg.ph);
+        const int4 *W = (const int4 *)(rw + (size_t)rg.s * MK_STAGE_W) + lane;
+        const uint32_t *S = (const uint32_t *)(rs + (size_t)rg.s * MK_STAGE_S) + g;
+        if (nbw - kb >= MK_STAGE_TILES) {
+            /* a full stage: its tiles into registers at once, the stage handed back, then the products in
+             * order */
+            int4 A[MK_STAGE_TILES];
+            uint32_t sc[MK_STAGE_TILES];
+            uint2 xv[MK_STAGE_TILES];
+            float dx[MK_STAGE_TILES];
+#pragma unroll
+            for (int k = 0; k < MK_STAGE_TILES; k++)
+                A[k] = W[k * 32], sc[k] = S[k * 8], xv[k] = xw[(size_t)(kb + k) * 4], dx[k] = dw[kb + k];
+            if (!rg.self) release();
+#pragma unroll
+            for (int k = 0; k < MK_STAGE_TILES; k++) tile(A[k], sc[k], xv[k], dx[k]);
+        } else {
+            for (int k = 0; k < nbw - kb; k++)
+                tile(W[k * 32], S[k * 8], xw[(size_t)(kb + k) * 4], dw[kb + k]);
+            if (!rg.self) release();
+        }
+        if (rg.self) { /* the products have used the loads: the slot is free for the copy engine */
+            __syncwarp();
+            if (lane == 0 && rg.cur.live) {
+                mk_issue(rg.cur, rw, rs, full, rg.s, rg.pol);
+                rg.cur.advance(*rg.P);
+                if (rg.P->pf && rg.pfc.live) mk_prefetch(rg.pfc, *rg.P);
+            }
+        }
+        if (++rg.s == ns) rg.s = 0, rg.ph ^= 1;
+    }
+}
+
 /* One product of token 0: the block's groups two at a time (consumer warps 0..3 and 4..7), warp r of a group
  * slot taking unit r from its ring; then warp 0 of the slot adds the units' sums in order (the merge of
  * gemm_merge) and stores (q8_out), or writes the GLU's output (q8_glu_out). */
 template <int MODE>
-__device__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt, mk_ring &rg,
-                           const mk_smem &m, int ns) {
+__device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt, mk_ring &rg,
+                                           const mk_smem &m, int ns) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slot = warp >> 2, r = warp & 3;
     const int g = lane >> 2, c = lane & 3, units = mk_units(M);
-    uint64_t *full = m.full + warp * ns, *empty = m.empty + warp * ns;
-    const unsigned char *rw = m.ring_w + (size_t)warp * ns * MK_STAGE_W,
-                        *rs = m.ring_s + (size_t)warp * ns * MK_STAGE_S;
     for (int jr = 0; 2 * jr + slot < cnt; jr++) {
         const int gr = start + 2 * jr + slot;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (r < units) {
             int kb0, nbw;
             mk_unit(M, gr, r, &kb0, &nbw);
-            const uint2 *xw = (const uint2 *)m.xs + (size_t)kb0 * 4 + c;
-            const float *dw = m.ds + kb0;
-            for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
-                mk_wait(full + rg.s, rg.ph);
-                const int4 *W = (const int4 *)(rw + (size_t)rg.s * MK_STAGE_W) + lane;
-                const uint32_t *S = (const uint32_t *)(rs + (size_t)rg.s * MK_STAGE_S) + g;
-#pragma unroll
-                for (int k = 0; k < MK_STAGE_TILES; k++) {
-                    if (kb + k >= nbw) break;
-                    const int4 A = W[k * 32];
-                    const uint32_t sc = S[k * 8];
-                    const uint2 xv = xw[(size_t)(kb + k) * 4];
-                    int d[4];
-                    mma_s8(d, A, xv.x, xv.y);
-                    q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), make_float2(dw[kb + k], 0.0f));
-                }
-                __syncwarp();
-                if (lane == 0) mb_arrive(empty + rg.s);
-                if (++rg.s == ns) rg.s = 0, rg.ph ^= 1;
-            }
+            mk_stream_unit(acc, kb0, nbw, rg, m, ns);
         }
         /* two buffers by round parity: warp 0 reads round jr's while the others fill round jr + 1's */
         float *rb = m.red + ((jr & 1) * 2 + slot) * 4 * 4 * 32;
@@ -408,6 +476,41 @@ __device__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt
     }
 }
 
+/* One product of token 0 by units (P.units): consumer warp w takes the block's units w, w + 8, ..; a unit's
+ * 16 sums (token 0) go to upart, and the warp that finishes its group's last unit adds the group's sums in
+ * share order (as mk_product) and stores, or writes the GLU's output. */
+template <int MODE>
+__device__ __forceinline__ void mk_product_units(const mk_mat &M, const q8_args &a, int start, int cnt,
+                                                 mk_ring &rg, const mk_smem &m, int ns, float *part,
+                                                 unsigned *arrivals) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int upg = mk_units(M);
+    for (int j = warp; j < cnt; j += MK_CWARPS) {
+        const int u = start + j, gr = u / upg;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int kb0, nbw;
+        mk_unit(M, gr, u - gr * upg, &kb0, &nbw);
+        mk_stream_unit(acc, kb0, nbw, rg, m, ns);
+        if (c == 0) part[(size_t)u * 16 + g] = acc[0], part[(size_t)u * 16 + g + 8] = acc[2];
+        __threadfence(); /* the sums before the count (threadFenceReduction's order) */
+        __syncwarp();
+        unsigned before = 0;
+        if (lane == 0) before = atomicAdd(arrivals + gr, 1u);
+        before = __shfl_sync(0xffffffffu, before, 0);
+        if (before % upg != (unsigned)upg - 1) continue;
+        __threadfence();
+        const float *pg = part + (size_t)gr * upg * 16;
+        if (M.glu) { /* gate rows 0..31 in units 0, 1; up rows in units 2, 3 */
+            q8_glu_out(a, 0, gr, M.N / 64, ld_cg(pg + lane), ld_cg(pg + 32 + lane));
+        } else if (lane < 16) {
+            float v = ld_cg(pg + lane);
+            for (int q = 1; q < upg; q++) v = __fadd_rn(v, ld_cg(pg + q * 16 + lane));
+            const int row = gr * 16 + lane;
+            if (row < M.N) q8_out<MODE>(a, row, 0, v);
+        }
+    }
+}
+
 __device__ __forceinline__ q8_args mk_args(float *y, float *y2, int8_t *oq, float *od) {
     q8_args a = {};
     a.T = 1;
@@ -430,16 +533,28 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     }
     __syncthreads(); /* the only whole-block barrier: the producer goes its own way from here */
     if (warp == MK_CWARPS) {
-        mk_produce(P, m);
+        if (!P.self) mk_produce(P, m);
         return;
     }
     const int n_heads = P.n_heads, n_kv = P.n_kv, q_dim = n_heads * HD, nblk = gridDim.x;
     const int nh = n_heads + 2 * n_kv, grp = warp >> 1, gtid = tid & 63;
     unsigned target = 0;
-    mk_ring rg = {0, 0};
-    uint32_t *Ks = (uint32_t *)m.scratch;
-    __half *Vs = (__half *)(Ks + FMC_ATT_SPLIT * (HD / 2 + 4));
-    __half *Qs = Vs + FMC_ATT_SPLIT * (HD + 8);
+    mk_ring rg = {0, 0, P.self != 0, {}, {}, l2_evict_first(), &P};
+    if (rg.self && (tid & 31) == 0) { /* the ring's first stages */
+        unsigned char *rw = m.ring_w + (size_t)warp * P.ns * MK_STAGE_W;
+        unsigned char *rs = m.ring_s + (size_t)warp * P.ns * MK_STAGE_S;
+        if (P.units)
+            rg.cur.start(P, warp, 0);
+        else
+            rg.cur.start(P, warp >> 2, warp & 3);
+        for (int i = 0; i < P.ns && rg.cur.live; i++)
+            mk_issue(rg.cur, rw, rs, m.full + warp * P.ns, i, rg.pol), rg.cur.advance(P);
+        rg.pfc = rg.cur;
+        for (int i = 0; i < P.pf && rg.pfc.live; i++) mk_prefetch(rg.pfc, P);
+    }
+    const attn_tiles<HD> at(m.scratch);
+    uint32_t *Ks = at.Ks;
+    __half *Vs = at.Vs, *Qs = at.Qs;
     const uint64_t pol = l2_evict_first();
     const mk_smem_sink sink = {m.xs, m.ds};
     for (int l = 0; l < P.n_layers; l++) {
@@ -455,26 +570,48 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         mark(0);
         auto product = [&](int k, auto mode, const q8_args &a) {
             const int i = k * nblk + blockIdx.x;
-            mk_product<decltype(mode)::value>(L.m[k], a, P.gstart[i], P.gcount[i], rg, m, P.ns);
+            if (P.units)
+                mk_product_units<decltype(mode)::value>(L.m[k], a, P.gstart[i], P.gcount[i], rg, m, P.ns,
+                                                        P.upart, P.ucnt + (size_t)k * P.max_groups);
+            else
+                mk_product<decltype(mode)::value>(L.m[k], a, P.gstart[i], P.gcount[i], rg, m, P.ns);
         };
         /* qkv */
         q8_quant_row(P.x, L.attn_norm, P.eps, P.dim, sink, mk_all_bar{});
         mark(1);
         product(0, std::integral_constant<int, Q8_STORE>(), mk_args(P.qkv, NULL, NULL, NULL));
         sync(2);
-        /* q/k norm + RoPE + KV write: a head per group of 64 threads, spread over the blocks */
-        for (int u = grp * nblk + blockIdx.x; u < nh; u += 4 * nblk)
-            qk_norm_rope_head(P.qkv, 0, u, n_heads, n_kv, HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, P.q,
-                              L.kc, L.vc, mk_group{gtid, MK_BAR_GRP + grp, group_sh[grp]});
-        sync(4);
+        /* q/k norm + RoPE + KV write: a head per group of 64 threads, spread over the blocks (with P.fold,
+         * in the attention units instead) */
+        if (!P.fold) {
+            for (int u = grp * nblk + blockIdx.x; u < nh; u += 4 * nblk)
+                qk_norm_rope_head(P.qkv, 0, u, n_heads, n_kv, HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos,
+                                  P.q, L.kc, L.vc, mk_group{gtid, MK_BAR_GRP + grp, group_sh[grp]});
+            sync(4);
+        } else {
+            mark(4), mark(5);
+        }
         /* attention: a (KV head, 64-key split) unit per block at a time, on warps 0 and 1 */
         if (warp < 2) {
             const int ns = (*P.pos + 1 + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
             for (int u = blockIdx.x; u < n_kv * ns; u += nblk) {
                 const int g = u % n_kv, s = u / n_kv;
+                const float *q = P.q;
+                if (P.fold) { /* the unit's query heads for itself; the split that holds *pos writes its KV
+                                 row */
+                    const mk_group gq = {gtid, MK_BAR_GRP, group_sh[0]};
+                    float *qb = P.qblk + (size_t)blockIdx.x * q_dim;
+                    const int G = n_heads / n_kv, h0 = s == ns - 1 ? -2 : 0;
+                    for (int h = h0; h < G; h++)
+                        qk_norm_rope_head(P.qkv, 0, h >= 0 ? g * G + h : n_heads + (h + 2) * n_kv + g,
+                                          n_heads, n_kv, HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, qb,
+                                          L.kc, L.vc, gq);
+                    named_sync(MK_BAR_GRP, 64); /* the queries and the KV row, read back below through L2 */
+                    q = qb;
+                }
                 const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0);
                 attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 64, pol);
-                attn_load_q<HD, MK_QR>(P.q, Qs, a.tb, a.g, a.G, n_heads, MK_QR, a.nq, tid, 64);
+                attn_load_q<HD, MK_QR>(q, Qs, a.tb, a.g, a.G, n_heads, MK_QR, a.nq, tid, 64);
                 cp_async_commit();
                 cp_async_wait<0>();
                 named_sync(MK_BAR_GRP, 64);
@@ -625,6 +762,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     p.n_layers = d->n_layers, p.dim = d->dim, p.n_heads = d->n_heads, p.n_kv = d->n_kv, p.ffn = d->ffn;
     p.max_splits = d->max_splits, p.ns = ns, p.max_nb = max_nb, p.eps = d->eps, p.pf = pf ? atoi(pf) : 0;
     p.red = getenv("FMC_MEGA_RED") != NULL, p.poll = getenv("FMC_MEGA_POLL") != NULL; /* experiments */
+    p.self = getenv("FMC_MEGA_SELF") != NULL, p.fold = getenv("FMC_MEGA_FOLD") != NULL;
     p.x = d->x, p.qkv = d->qkv, p.q = d->q, p.part = d->part, p.xq = d->xq, p.xd = d->xd;
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);
@@ -636,34 +774,43 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
         layers[l].attn_norm = S.attn_norm, layers[l].q_norm = S.q_norm, layers[l].k_norm = S.k_norm;
         layers[l].ffn_norm = S.ffn_norm, layers[l].kc = S.kc, layers[l].vc = S.vc, layers[l].cap = S.cap;
     }
-    int groups[4];
+    p.units = getenv("FMC_MEGA_UNITS") != NULL; /* experiment */
+    int groups[4], runs[4], max_groups = 0, max_units = 0;
     size_t bytes[4];
     for (int k = 0; k < 4; k++) {
         const fmc_q8 *w = mats0[k];
+        const int upg = k == 2 ? 4 : w->sp.w; /* units a group (mk_units) */
         const size_t tiles = k == 2 ? 4 : 1;
         groups[k] = k == 2 ? w->N / 64 : (w->N + 15) / 16;
-        bytes[k] = tiles * (size_t)(w->K / 32) * 544;
+        bytes[k] = tiles * (size_t)(w->K / 32) * 544; /* a group's */
+        runs[k] = p.units ? groups[k] * upg : groups[k];
+        if (p.units) bytes[k] /= upg;
+        max_groups = std::max(max_groups, groups[k]), max_units = std::max(max_units, groups[k] * upg);
     }
-    if (groups[0] > 65535 || groups[2] > 65535) {
+    p.max_groups = max_groups;
+    if (runs[0] > 65535 || runs[2] > 65535) {
         fmc_mk_free(mk);
         return no("too many row groups");
     }
     std::vector<unsigned short> start, count;
-    mk_balance(groups, bytes, sms, start, count);
+    mk_balance(runs, bytes, sms, start, count);
     auto up = [&](void **dst, const void *src, size_t n) {
         if (cudaMalloc(dst, n) != cudaSuccess) return -1;
         mk->allocs.push_back(*dst);
         return src && cudaMemcpy(*dst, src, n, cudaMemcpyHostToDevice) != cudaSuccess ? -1 : 0;
     };
-    void *dl = NULL, *ds = NULL, *dc = NULL, *db = NULL;
+    void *dl = NULL, *ds = NULL, *dc = NULL, *db = NULL, *dq = NULL, *dp = NULL, *dn = NULL;
     if (up(&dl, layers.data(), layers.size() * sizeof(mk_layer)) || up(&ds, start.data(), start.size() * 2) ||
-        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4)) {
+        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4) ||
+        up(&dq, NULL, (size_t)sms * d->n_heads * d->hd * 4) || up(&dp, NULL, (size_t)max_units * 16 * 4) ||
+        up(&dn, NULL, (size_t)4 * max_groups * 4) ||
+        cudaMemset(dn, 0, (size_t)4 * max_groups * 4) != cudaSuccess) {
         fmc_mk_free(mk);
         snprintf(why, whylen, "cuda: out of device memory for the persistent kernel's tables");
         return -1;
     }
     p.L = (const mk_layer *)dl, p.gstart = (const unsigned short *)ds, p.gcount = (const unsigned short *)dc;
-    p.bar = (unsigned *)db;
+    p.bar = (unsigned *)db, p.qblk = (float *)dq, p.upart = (float *)dp, p.ucnt = (unsigned *)dn;
     *out = mk;
     return 0;
 }
