@@ -6,7 +6,7 @@
 # usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|mega|peer|llama-build|llama|ab]...
 # mega: the persistent step kernel (src/cuda/cuda_megakernel.cu): plain steps with it off and on, alternated in
 #   one process (FM_BENCH_MEGA_AB), and its phase clock (FM_BENCH_MEGA_TRACE), under each line of MEGA_VARIANTS
-#   (environment assignments, "-" for none), e.g. MEGA_VARIANTS=$'-\nFMC_MEGA_POLL=1 FMC_MEGA_RED=1\nFMC_MEGA_NS=6'.
+#   (environment assignments, "-" for none), e.g. MEGA_VARIANTS=$'-\nFMC_MEGA_NS=6'.
 # llama-build: llama.cpp's CUDA llama-bench from a carried .devdeps/llsrc.tar.xz (made on the workstation by
 #   `bench/build_llamacpp.sh --from-pypi --pack .devdeps/llsrc.tar.xz /tmp/llsrc`) into /tmp/llb, which the
 #   llama step then takes (about 330 s with 12 jobs beside a GPU run on the H200's 16 cores).

@@ -87,6 +87,12 @@ template <int MODE> __device__ __forceinline__ void q8_out(const q8_args &a, int
     *o = v;
     if (a.y2) a.y2[(size_t)t * a.ldy2 + row] = v;
 }
+/* Q8_ADD's output with the old value x0 of the row already in hand (the persistent kernel loads it early). */
+__device__ __forceinline__ void q8_out_add(const q8_args &a, int row, float v, float x0) {
+    v = __fadd_rn(x0, v);
+    a.y[row] = v;
+    if (a.y2) a.y2[row] = v;
+}
 
 /* GLU: one warp, token t, features 32 fb + lane (gate value gv, up value uv): silu(gv) * uv quantised to
  * Q8_0 into a.oq / a.od (fragment order, FB = F/32 blocks). */
@@ -115,21 +121,31 @@ struct q8_block_bar {
     __device__ __forceinline__ void sync() const { __syncthreads(); }
 };
 
-/* One token of x (f32 [K]): RMSNorm with weight nw (when not NULL; double sum of squares, per-thread partials
- * over a fixed float4 stride, the warp butterfly, then the 8 warps in order), then ggml's Q8_0 quantisation
- * of each 32-block by one thread, into out. Called by Q8_THREADS threads (threadIdx.x < Q8_THREADS) that
- * bar synchronises; ends with them synchronised. */
-template <class SINK, class BAR>
-__device__ __forceinline__ void q8_quant_row(const float *x, const float *nw, float eps, int K,
-                                             const SINK &out, const BAR &bar) {
+/* Where the quantiser reads x and the norm weights: straight from global memory (x through L2: the
+ * persistent kernel's other blocks write it); cuda_megakernel.cu stages them in shared memory. */
+struct q8_src_global {
+    const float *x, *nw;
+    __device__ __forceinline__ bool norm() const { return nw != nullptr; }
+    __device__ __forceinline__ float4 first(int j) const { return ld_cg4(x + 4 * j); } /* the sum's pass */
+    __device__ __forceinline__ float4 x4(int i) const { return ld_cg4(x + i); }
+    __device__ __forceinline__ float4 w4(int i) const { return __ldg((const float4 *)(nw + i)); }
+};
+
+/* One token of x (f32 [K], from src): RMSNorm with weight nw (when src.norm(); double sum of squares,
+ * per-thread partials over a fixed float4 stride, the warp butterfly, then the 8 warps in order), then
+ * ggml's Q8_0 quantisation of each 32-block by one thread, into out. Called by Q8_THREADS threads
+ * (threadIdx.x < Q8_THREADS) that bar synchronises; ends with them synchronised. */
+template <class SRC, class SINK, class BAR>
+__device__ __forceinline__ void q8_quant_row_src(const SRC &src, float eps, int K, const SINK &out,
+                                                 const BAR &bar) {
     __shared__ double part[Q8_WARPS];
     const int tid = threadIdx.x, NB = K >> 5;
     float r = 1.0f;
-    if (nw) {
+    if (src.norm()) {
         double ss = 0;
 #pragma unroll 4
         for (int j = tid; j < K / 4; j += Q8_THREADS) {
-            const float4 v = ld_cg4(x + 4 * j);
+            const float4 v = src.first(j);
             ss += (double)v.x * v.x;
             ss += (double)v.y * v.y;
             ss += (double)v.z * v.z;
@@ -146,11 +162,11 @@ __device__ __forceinline__ void q8_quant_row(const float *x, const float *nw, fl
         float v[32];
 #pragma unroll
         for (int j = 0; j < 32; j += 4) {
-            const float4 xv = ld_cg4(x + b * 32 + j);
+            const float4 xv = src.x4(b * 32 + j);
             v[j] = __fmul_rn(xv.x, r), v[j + 1] = __fmul_rn(xv.y, r);
             v[j + 2] = __fmul_rn(xv.z, r), v[j + 3] = __fmul_rn(xv.w, r);
-            if (nw) {
-                const float4 wv = __ldg((const float4 *)(nw + b * 32 + j));
+            if (src.norm()) {
+                const float4 wv = src.w4(b * 32 + j);
                 v[j] = __fmul_rn(v[j], wv.x), v[j + 1] = __fmul_rn(v[j + 1], wv.y);
                 v[j + 2] = __fmul_rn(v[j + 2], wv.z), v[j + 3] = __fmul_rn(v[j + 3], wv.w);
             }
@@ -160,6 +176,11 @@ __device__ __forceinline__ void q8_quant_row(const float *x, const float *nw, fl
         out.put(b, d, q);
     }
     bar.sync();
+}
+template <class SINK, class BAR>
+__device__ __forceinline__ void q8_quant_row(const float *x, const float *nw, float eps, int K,
+                                             const SINK &out, const BAR &bar) {
+    q8_quant_row_src(q8_src_global{x, nw}, eps, K, out, bar);
 }
 
 /* The wide kernel (cuda_q8_wide.cu): the whole product of a.T (> 32) tokens in one launch. */
