@@ -301,11 +301,13 @@ struct mk_combine {
     template <int N> __device__ __forceinline__ void wait() const {}
 };
 
-/* The next norm's weights (dim floats) into shared memory by the copy engine, on m.nwb; the buffer's last
- * readers (the attention's units) are past a barrier. */
+/* The next norm's weights (dim floats) into shared memory by the copy engine, on m.nwb. Every thread orders
+ * its earlier writes of the buffer (the attention's, the merge's) before the copy engine's (another proxy).
+ */
 __device__ __forceinline__ void mk_norm_fetch(const mk_smem &m, float *nws, const float *nw, int dim) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    named_sync(MK_BAR_ALL, MK_THREADS);
     if (threadIdx.x == 0) {
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         mb_expect(m.nwb, dim * 4);
         bulk_copy(nws, nw, dim * 4, m.nwb);
     }
@@ -463,10 +465,11 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         auto product = [&](int k, auto mode, const q8_args &a) {
             mk_product<decltype(mode)::value>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
         };
-        auto norm = [&]() { /* RMSNorm + quantise x with the fetched weights */
-                            mk_wait(m.nwb, nph);
-                            nph ^= 1;
-                            q8_quant_row_src(mk_norm_src{P.x, xst, nws}, P.eps, P.dim, sink, mk_all_bar{});
+        /* RMSNorm + quantise x with the fetched weights */
+        auto norm = [&]() {
+            mk_wait(m.nwb, nph);
+            nph ^= 1;
+            q8_quant_row_src(mk_norm_src{P.x, xst, nws}, P.eps, P.dim, sink, mk_all_bar{});
         };
         mark(0);
         /* qkv */
