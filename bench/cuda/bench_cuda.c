@@ -351,13 +351,15 @@ int main(int argc, char **argv) {
         static const char *phase[18] = {"norm",    "qkv",     "barrier", "q/k norm", "barrier", "attention",
                                         "barrier", "merge",   "barrier", "act load", "wo",      "barrier",
                                         "norm",    "gate/up", "barrier", "act load", "down",    "barrier"};
-        double us[18], tot = 0;
+        double us[3 * 18], tot = 0;
         fm_cuda_debug_set_mega(gb, 1);
         fm_cuda_debug_mega_trace(gb, 1, NULL);
         if (plain_steps(&G, NP, &next, ts, 16, err, sizeof err) || fm_cuda_debug_mega_trace(gb, 1, us) != 18)
             return fprintf(stderr, "trace: %s\n", err), 1;
         for (int i = 0; i < 18; i++) tot += us[i];
-        for (int i = 0; i < 18; i++) printf("RESULT mega phase %-10s %7.2f us\n", phase[i], us[i]);
+        for (int i = 0; i < 18; i++) /* block 0's, then the slowest and the fastest block's */
+            printf("RESULT mega phase %-10s %7.2f us (blocks %.2f-%.2f)\n", phase[i], us[i], us[36 + i],
+                   us[18 + i]);
         printf("RESULT mega layer %.2f us (block 0's clock; step %.3f ms)\n", tot, median(ts, 16) * 1e3);
         return 0;
     }

@@ -222,10 +222,11 @@ void fmc_mk_free(fmc_mk *mk);
  * resident at once all the same, as nothing else runs beside it in the backend's stream). */
 void fmc_mk_set_cooperative(fmc_mk *mk, int on);
 int fmc_mk_cooperative(const fmc_mk *mk);
-/* Diagnostics: on, block 0 records the clock at every phase boundary of every layer (a graph captured after
- * this takes it); fmc_mk_trace_read: each phase's mean microseconds over the middle layers into us[], returns
- * how many phases (18: norm, qkv, barrier, q/k norm, barrier, attention, barrier, merge, barrier,
- * activations, wo, barrier, norm, gate/up, barrier, activations, down, barrier), < 0 without a trace. */
+/* Diagnostics: on, every block records the clock at every phase boundary of every layer (a graph captured
+ * after this takes it); fmc_mk_trace_read: each phase's mean microseconds over the middle layers, block 0's
+ * into us[0 .. n), the slowest block's into us[n .. 2n) and the fastest's into us[2n .. 3n); returns n, the
+ * phases (18: norm, qkv, barrier, q/k norm, barrier, attention, barrier, merge, barrier, activations, wo,
+ * barrier, norm, gate/up, barrier, activations, down, barrier), < 0 without a trace. */
 int fmc_mk_trace(fmc_mk *mk, int on);
 int fmc_mk_trace_read(const fmc_mk *mk, double *us);
 /* Ring stages of 4 weight tiles each consumer warp keeps in flight. */

@@ -70,7 +70,7 @@ struct mk_params {
     const float *rope;
     const int *pos;
     int n_layers, dim, n_heads, n_kv, ffn, max_splits, ns, max_nb;
-    unsigned long long *trace; /* block 0's clock at each phase boundary, [n_layers][MK_TRACE], or NULL */
+    unsigned long long *trace; /* each block's clock at each phase boundary, [blocks][n_layers][MK_TRACE] */
     float eps;
 };
 
@@ -455,7 +455,8 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     for (int l = 0; l < P.n_layers; l++) {
         const mk_layer &L = m.L[l];
         auto mark = [&](int i) {
-            if (P.trace && blockIdx.x == 0 && tid == 0) P.trace[l * MK_TRACE + i] = global_ns();
+            if (P.trace && tid == 0)
+                P.trace[((size_t)blockIdx.x * P.n_layers + l) * MK_TRACE + i] = global_ns();
         };
         auto sync = [&](int i) {
             mark(i);
@@ -715,27 +716,33 @@ int fmc_mk_trace(fmc_mk *mk, int on) {
         return 0;
     }
     void *t = NULL;
-    if (cudaMalloc(&t, (size_t)mk->p.n_layers * MK_TRACE * 8) != cudaSuccess) return -1;
+    if (cudaMalloc(&t, (size_t)mk->grid * mk->p.n_layers * MK_TRACE * 8) != cudaSuccess) return -1;
     mk->allocs.push_back(t);
     mk->p.trace = (unsigned long long *)t;
     return 0;
 }
 
 int fmc_mk_trace_read(const fmc_mk *mk, double *us) {
-    const int L = mk->p.n_layers;
-    std::vector<unsigned long long> t((size_t)L * MK_TRACE);
+    const int L = mk->p.n_layers, nb = (int)mk->grid;
+    std::vector<unsigned long long> t((size_t)nb * L * MK_TRACE);
     if (!mk->p.trace || L < 3 ||
         cudaMemcpy(t.data(), mk->p.trace, t.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess)
         return -1;
     for (int i = 0; i < MK_TRACE; i++) { /* layers 1 .. L-2: each has a next layer's start */
-        double sum = 0;
+        double b0 = 0, hi = 0, lo = 0;
         for (int l = 1; l < L - 1; l++) {
-            const unsigned long long a = t[(size_t)l * MK_TRACE + i];
-            const unsigned long long b =
-                i + 1 < MK_TRACE ? t[(size_t)l * MK_TRACE + i + 1] : t[(size_t)(l + 1) * MK_TRACE];
-            sum += (double)(b - a) * 1e-3;
+            double mx = 0, mn = 1e30;
+            for (int b = 0; b < nb; b++) {
+                const unsigned long long *tb = t.data() + (size_t)b * L * MK_TRACE;
+                const unsigned long long end =
+                    tb[(size_t)l * MK_TRACE + i + 1]; /* the next layer's start at the last */
+                const double d = (double)(end - tb[(size_t)l * MK_TRACE + i]) * 1e-3;
+                if (b == 0) b0 += d;
+                mx = std::max(mx, d), mn = std::min(mn, d);
+            }
+            hi += mx, lo += mn;
         }
-        us[i] = sum / (L - 2);
+        us[i] = b0 / (L - 2), us[MK_TRACE + i] = hi / (L - 2), us[2 * MK_TRACE + i] = lo / (L - 2);
     }
     return MK_TRACE;
 }
