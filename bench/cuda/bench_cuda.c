@@ -346,7 +346,7 @@ int main(int argc, char **argv) {
     printf("RESULT copy bandwidth (read+write): %.0f GB/s\n", bw);
     int mk_stages = 0;
     const char *mk = fm_cuda_debug_mega(gb, &mk_stages);
-    printf("RESULT persistent step kernel: %s (%d ring stages of 4 tiles a consumer warp)\n", mk, mk_stages);
+    printf("RESULT persistent step kernel: %s (%d ring stages of 4 tiles a warp)\n", mk, mk_stages);
     if (getenv("FM_BENCH_MEGA_TRACE") && mk_stages) { /* where a persistent step's time goes */
         static const char *phase[18] = {"norm",    "qkv",     "barrier", "q/k norm", "barrier", "attention",
                                         "barrier", "merge",   "barrier", "act load", "wo",      "barrier",

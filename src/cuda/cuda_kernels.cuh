@@ -229,7 +229,7 @@ int fmc_mk_cooperative(const fmc_mk *mk);
  * barrier, norm, gate/up, barrier, activations, down, barrier), < 0 without a trace. */
 int fmc_mk_trace(fmc_mk *mk, int on);
 int fmc_mk_trace_read(const fmc_mk *mk, double *us);
-/* Ring stages of 4 weight tiles each consumer warp keeps in flight. */
+/* Ring stages of 4 weight tiles each warp keeps in flight. */
 int fmc_mk_stages(const fmc_mk *mk);
 
 /* ---- BF16 (cuda_bf16.cu) ---- */

@@ -450,7 +450,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     const attn_tiles<HD> at(m.scratch);
     uint32_t *Ks = at.Ks;
     __half *Vs = at.Vs, *Qs = at.Qs;
-    const uint64_t pol = l2_evict_first();
     const mk_smem_sink sink = {m.xs, m.ds};
     for (int l = 0; l < P.n_layers; l++) {
         const mk_layer &L = m.L[l];
@@ -489,7 +488,8 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             for (int u = blockIdx.x; u < n_kv * ns; u += nblk) {
                 const int g = u % n_kv, s = u / n_kv;
                 const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0);
-                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 64, pol);
+                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 64,
+                                    rg.pol); /* read once a step, as the weights */
                 attn_load_q<HD, MK_QR>(P.q, Qs, a.tb, a.g, a.G, n_heads, MK_QR, a.nq, tid, 64);
                 cp_async_commit();
                 cp_async_wait<0>();

@@ -71,6 +71,11 @@ __device__ __forceinline__ void q8_scale_add(float (&acc)[4], const int (&d)[4],
 }
 
 /* The final value v of (row, token t) of a non-GLU mode into its output. */
+/* v into (row, token t) of the output, and of its copy y2 when there is one. */
+__device__ __forceinline__ void q8_put(const q8_args &a, int row, int t, float v) {
+    a.y[(size_t)t * a.ldy + row] = v;
+    if (a.y2) a.y2[(size_t)t * a.ldy2 + row] = v;
+}
 template <int MODE> __device__ __forceinline__ void q8_out(const q8_args &a, int row, int t, float v) {
     float *o = a.y + (size_t)t * a.ldy + row;
     if (MODE >= Q8_DSTORE) { /* as fmc_bf16_matmul's epilogues */
@@ -84,14 +89,12 @@ template <int MODE> __device__ __forceinline__ void q8_out(const q8_args &a, int
         return;
     }
     if (MODE == Q8_ADD) v = __fadd_rn(ld_cg(o), v);
-    *o = v;
-    if (a.y2) a.y2[(size_t)t * a.ldy2 + row] = v;
+    q8_put(a, row, t, v);
 }
-/* Q8_ADD's output with the old value x0 of the row already in hand (the persistent kernel loads it early). */
+/* Q8_ADD's output of token 0 with the old value x0 of the row already in hand (the persistent kernel loads
+ * it early). */
 __device__ __forceinline__ void q8_out_add(const q8_args &a, int row, float v, float x0) {
-    v = __fadd_rn(x0, v);
-    a.y[row] = v;
-    if (a.y2) a.y2[row] = v;
+    q8_put(a, row, 0, __fadd_rn(x0, v));
 }
 
 /* GLU: one warp, token t, features 32 fb + lane (gate value gv, up value uv): silu(gv) * uv quantised to
