@@ -351,7 +351,7 @@ int main(int argc, char **argv) {
         static const char *phase[18] = {"norm",    "qkv",     "barrier", "q/k norm", "barrier", "attention",
                                         "barrier", "merge",   "barrier", "act load", "wo",      "barrier",
                                         "norm",    "gate/up", "barrier", "act load", "down",    "barrier"};
-        double us[3 * 18], tot = 0;
+        double us[3 * 18 + 8], tot = 0;
         fm_cuda_debug_set_mega(gb, 1);
         fm_cuda_debug_mega_trace(gb, 1, NULL);
         if (plain_steps(&G, NP, &next, ts, 16, err, sizeof err) || fm_cuda_debug_mega_trace(gb, 1, us) != 18)
@@ -361,6 +361,11 @@ int main(int argc, char **argv) {
             printf("RESULT mega phase %-10s %7.2f us (blocks %.2f-%.2f)\n", phase[i], us[i], us[36 + i],
                    us[18 + i]);
         printf("RESULT mega layer %.2f us (block 0's clock; step %.3f ms)\n", tot, median(ts, 16) * 1e3);
+        static const char *prod[4] = {"qkv", "wo", "gate/up", "down"};
+        for (int k = 0; k < 4; k++) /* a profiling build's stalls (cuda_megakernel.cu, FM_MK_PROFILE) */
+            if (us[54 + 2 * k] > 0)
+                printf("RESULT mega stalls %-8s a warp, a layer: waiting %.0f cycles, issuing %.0f cycles\n",
+                       prod[k], us[54 + 2 * k] / 24, us[55 + 2 * k] / 24); /* 8 + 16 steps since enabled */
         return 0;
     }
     if (getenv("FM_BENCH_MEGA_AB") && mk_stages) { /* plain steps, persistent kernel off / on, alternated */

@@ -47,8 +47,9 @@ void fm_cuda_debug_set_q8_gemv(fm_cuda_backend *b, int rd);
  * backend has it; 0: as kernels. Returns whether it is now used. */
 int fm_cuda_debug_set_mega(fm_cuda_backend *b, int on);
 /* The persistent step kernel's phase clock (cuda_kernels.cuh, fmc_mk_trace): us == NULL: on / off (graphs
- * are captured again); else the last step's phase means into us[54] (block 0's, the slowest block's, the
- * fastest block's: fmc_mk_trace_read), returning 18, or < 0. */
+ * are captured again); else the last step's phase means into us[0 .. 54) (block 0's, the slowest block's,
+ * the fastest block's) and a profiling build's stalls into us[54 .. 62) (fmc_mk_trace_read), returning 18,
+ * or < 0. */
 int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us);
 /* "on" / "off" for the persistent step kernel (with its launch: cooperative or plain) and its ring stages,
  * or why the backend has none. */
