@@ -31,19 +31,10 @@
 #include "cuda/cuda_attn.cuh"
 #include "cuda/cuda_q8_narrow.cuh"
 
-/* Tiles a ring stage (a multiple of 4): each stage costs two bulk copies, so larger stages ask the copy
- * engine for fewer, larger copies (experiments: -DFM_MK_STAGE_TILES=8). */
-#ifndef FM_MK_STAGE_TILES
-#define FM_MK_STAGE_TILES 4
-#endif
-/* -DFM_MK_PROFILE=1 (experiments): with the phase clock on, every warp also counts the cycles its lane 0
+/* -DFM_MK_PROFILE=1 (diagnostics): with the phase clock on, every warp also counts the cycles its lane 0
  * spends waiting for ring stages and issuing their copies, per product (fmc_mk_trace_read's us[54 ..)). */
 #ifndef FM_MK_PROFILE
 #define FM_MK_PROFILE 0
-#endif
-/* -DFM_MK_L2_HINT=0 (experiments): the rings' bulk copies without the L2 evict-first hint. */
-#ifndef FM_MK_L2_HINT
-#define FM_MK_L2_HINT 1
 #endif
 
 namespace {
@@ -51,8 +42,7 @@ namespace {
 enum {
     MK_WARPS = 8,                       /* each streams its own ring of weight tiles and computes */
     MK_THREADS = MK_WARPS * 32,         /* == Q8_THREADS: the quantiser's thread count */
-    MK_STAGE_TILES = FM_MK_STAGE_TILES, /* weight tiles of a ring stage */
-    MK_BATCH = 4,                       /* tiles whose loads a warp issues before their products */
+    MK_STAGE_TILES = 4,                 /* weight tiles of a ring stage */
     MK_STAGE_W = MK_STAGE_TILES * 512,  /* their quants */
     MK_STAGE_S = MK_STAGE_TILES * 32,   /* their scale pairs */
     MK_RED_FLOATS = 2 * 2 * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
@@ -62,7 +52,6 @@ enum {
 };
 /* Named barriers (0 is __syncthreads). */
 enum { MK_BAR_ALL = 1, MK_BAR_SLOT = 2 /* + slot */, MK_BAR_GRP = 4 /* + group of 64 */, MK_BAR_MERGE = 8 };
-static_assert(MK_STAGE_TILES % MK_BATCH == 0, "a stage is whole batches");
 static_assert((int)MK_THREADS == (int)Q8_THREADS,
               "the quantiser's reduction order assumes Q8_THREADS threads");
 
@@ -90,8 +79,6 @@ struct mk_params {
     unsigned long long *trace; /* each block's clock at each phase boundary, [blocks][n_layers][MK_TRACE] */
     unsigned long long *prof; /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue] cycles, 8 warps */
     float eps;
-    int kv_prefetch; /* ask L2 for each block's attention keys and values at the layer's start
-                        (mk_kv_prefetch) */
 };
 
 /* The device code below uses sm_90's copy engine and mbarriers; the portable PTX pass (compute_80) compiles
@@ -134,7 +121,6 @@ __device__ __forceinline__ void mk_wait(uint64_t *b, unsigned parity) {
 /* bulk_copy with an L2 policy: the weights are read once a step. */
 __device__ __forceinline__ void bulk_copy_hint(void *dst, const void *src, unsigned bytes, uint64_t *b,
                                                uint64_t pol) {
-    if (!FM_MK_L2_HINT) return bulk_copy(dst, src, bytes, b);
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
         "%2, [%3], %4;" ::"r"(smem_addr(dst)),
@@ -335,25 +321,6 @@ __device__ __forceinline__ void mk_norm_fetch(const mk_smem &m, float *nws, cons
     }
 }
 
-/* The keys and values of the block's attention units of layer L (positions before p0; p0's are written
- * in the layer's q/k phase), asked of L2 line by line by the 64 threads of warps 0 and 1 at the layer's
- * start: the cache is read once a step, from memory, and the attention phase waited for it (a round trip of
- * 1-2 us under the weight stream); by then the lines are in L2. A hint: no bits change. */
-template <int HD>
-__device__ __forceinline__ void mk_kv_prefetch(const mk_layer &L, int p0, int n_kv, int nsp, int nblk) {
-    constexpr int LINES = HD * 2 >= 128 ? HD * 2 / 128 : 1; /* 128-byte lines of a head's row */
-    const int kv_dim = n_kv * HD;
-    for (int u = blockIdx.x; u < n_kv * nsp; u += nblk) {
-        const int g = u % n_kv, j0 = (u / n_kv) * FMC_ATT_SPLIT, n = min(FMC_ATT_SPLIT, p0 - j0);
-        for (int i = threadIdx.x; i < 2 * n * LINES; i += 64) {
-            const int kvsel = i / (n * LINES), r = i - kvsel * n * LINES;
-            const __half *base = kvsel ? L.vc : L.kc;
-            const __half *a = base + (size_t)(j0 + r / LINES) * kv_dim + (size_t)g * HD + (r % LINES) * 64;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-        }
-    }
-}
-
 /* The activations of a product from fragment-order xq / xd (token 0) into the block's shared memory. */
 __device__ void mk_load_act(const int8_t *xq, const float *xd, int K, const mk_smem &m) {
     const int NB = K >> 5, tid = threadIdx.x;
@@ -384,27 +351,19 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         if (FM_MK_PROFILE) rg.wait_cy += clock64() - c0;
         const int4 *W = (const int4 *)(m.ring_w + st * MK_STAGE_W) + lane;
         const uint32_t *S = (const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g;
-        /* MK_BATCH tiles from k0 of the stage: their loads, then their products */
-        auto batch = [&](int k0) {
-            int4 A[MK_BATCH];
-            uint32_t sc[MK_BATCH];
-            uint2 xv[MK_BATCH];
-            float dx[MK_BATCH];
+        if (nbw - kb >= MK_STAGE_TILES) { /* a full stage: its tiles into registers at once */
+            int4 A[MK_STAGE_TILES];
+            uint32_t sc[MK_STAGE_TILES];
+            uint2 xv[MK_STAGE_TILES];
+            float dx[MK_STAGE_TILES];
 #pragma unroll
-            for (int k = 0; k < MK_BATCH; k++)
-                A[k] = W[(k0 + k) * 32], sc[k] = S[(k0 + k) * 8], xv[k] = xw[(size_t)(kb + k0 + k) * 4],
-                dx[k] = dw[kb + k0 + k];
+            for (int k = 0; k < MK_STAGE_TILES; k++)
+                A[k] = W[k * 32], sc[k] = S[k * 8], xv[k] = xw[(size_t)(kb + k) * 4], dx[k] = dw[kb + k];
 #pragma unroll
-            for (int k = 0; k < MK_BATCH; k++) tile(A[k], sc[k], xv[k], dx[k]);
-        };
-        if (nbw - kb >= MK_STAGE_TILES) { /* a full stage */
-#pragma unroll
-            for (int k0 = 0; k0 < MK_STAGE_TILES; k0 += MK_BATCH) batch(k0);
-        } else { /* a unit's last stage: whole batches, then a tile at a time */
-            const int n = nbw - kb;
-            int k0 = 0;
-            for (; k0 + MK_BATCH <= n; k0 += MK_BATCH) batch(k0);
-            for (int k = k0; k < n; k++) tile(W[k * 32], S[k * 8], xw[(size_t)(kb + k) * 4], dw[kb + k]);
+            for (int k = 0; k < MK_STAGE_TILES; k++) tile(A[k], sc[k], xv[k], dx[k]);
+        } else {
+            for (int k = 0; k < nbw - kb; k++)
+                tile(W[k * 32], S[k * 8], xw[(size_t)(kb + k) * 4], dw[kb + k]);
         }
         /* the products have used the stage's loads: the slot is free for the copy engine */
         __syncwarp();
@@ -506,10 +465,8 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     uint32_t *Ks = at.Ks;
     __half *Vs = at.Vs, *Qs = at.Qs;
     const mk_smem_sink sink = {m.xs, m.ds};
-    const int p0 = *P.pos, nsp = (p0 + 1 + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT; /* the step's position */
     for (int l = 0; l < P.n_layers; l++) {
         const mk_layer &L = m.L[l];
-        if (P.kv_prefetch && warp < 2) mk_kv_prefetch<HD>(L, p0, n_kv, nsp, nblk);
         auto mark = [&](int i) {
             if (P.trace && tid == 0)
                 P.trace[((size_t)blockIdx.x * P.n_layers + l) * MK_TRACE + i] = global_ns();
@@ -547,7 +504,8 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         sync(4);
         /* attention: a (KV head, 64-key split) unit per block at a time, on warps 0 and 1 */
         if (warp < 2) {
-            for (int u = blockIdx.x; u < n_kv * nsp; u += nblk) {
+            const int ns = (*P.pos + 1 + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
+            for (int u = blockIdx.x; u < n_kv * ns; u += nblk) {
                 const int g = u % n_kv, s = u / n_kv;
                 const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0);
                 attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 64,
@@ -706,8 +664,6 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     mk_params &p = mk->p;
     p.n_layers = d->n_layers, p.dim = d->dim, p.n_heads = d->n_heads, p.n_kv = d->n_kv, p.ffn = d->ffn;
     p.max_splits = d->max_splits, p.ns = ns, p.max_nb = max_nb, p.eps = d->eps;
-    const char *kp = getenv("FMC_MEGA_KV_PREFETCH"); /* 0: off (experiments) */
-    p.kv_prefetch = kp ? atoi(kp) != 0 : 1;
     p.x = d->x, p.qkv = d->qkv, p.q = d->q, p.part = d->part, p.xq = d->xq, p.xd = d->xd;
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);
