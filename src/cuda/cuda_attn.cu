@@ -84,7 +84,7 @@ template <int HD, int QR, int NW>
 __global__ void __launch_bounds__(NW * 32, 1)
     k_attn_split(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
                  const int *pos, int causal, int max_splits, float *part) {
-    constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8;
+    constexpr int KP = attn_kp(HD), VP = attn_vp(HD), C8N = HD / 8;
     constexpr int ROUNDS = (FMC_ATT_SPLIT * C8N + NW * 32 * 8 - 1) / (NW * 32 * 8); /* of the loads below */
     static_assert(QR <= NW * 16, "a 16-row query tile per warp");
     extern __shared__ __align__(16) unsigned char smem[];

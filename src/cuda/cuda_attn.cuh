@@ -1,8 +1,8 @@
 /* cuda_attn.cuh: what the two attention kernels share: the split kernel for steps and verify blocks
  * (cuda_attn.cu) and the one-pass kernel for prefill chunks (cuda_attn_prefill.cu). Shared-memory tiles of a
- * block: K [64 keys][hd/2 + 4] half2 words, V [64][hd + 8] halves, the block's queries as two f16 parts
- * [2][QROWS][hd + 8] (the pads spread a fragment's rows over all banks); query i of a block sits in row
- * i % 16 of warp i / 16's tile.
+ * block: K [64 keys][attn_kp(hd) = hd/2 + 4] half2 words, V [64][attn_vp(hd) = hd + 8] halves, the block's
+ * queries as two f16 parts [2][QROWS][attn_vp(hd)] (the pads spread a fragment's rows over all banks); query
+ * i of a block sits in row i % 16 of warp i / 16's tile.
  *
  * Both kernels give the same bits for a (row, head): each computes every 64-key split's partial (max m_s,
  * sum l_s, output O_s) from zero with the same code, and folds the partials in split order with
@@ -17,6 +17,15 @@
 #include "cuda/cuda_kernels.cuh"
 
 #include <type_traits>
+
+/* Row pitches of the attention's shared-memory tiles (attn_smem): K rows in half2 words, V rows and the
+ * queries' rows in halves. The pads spread a fragment's rows over all banks. */
+__host__ __device__ constexpr int attn_kp(int hd) {
+    return hd / 2 + 4;
+}
+__host__ __device__ constexpr int attn_vp(int hd) {
+    return hd + 8;
+}
 
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                         uint32_t b0, uint32_t b1) {
@@ -93,7 +102,7 @@ __device__ __forceinline__ void qk_norm_rope_head(const float *qkv, int t, int h
 template <int HD, int QROWS>
 __device__ __forceinline__ void attn_load_q(const float *q, __half *Qs, int tb, int g, int G, int n_heads,
                                             int nrows, int nq, int tid = -1, int nt = 0) {
-    constexpr int QP = HD + 8, C8N = HD / 8;
+    constexpr int QP = attn_vp(HD), C8N = HD / 8;
     if (tid < 0) tid = threadIdx.x, nt = blockDim.x;
     for (int idx = tid; idx < nrows * C8N; idx += nt) {
         const int i = idx / C8N, c8 = idx - i * C8N;
@@ -114,7 +123,7 @@ __device__ __forceinline__ void attn_load_q(const float *q, __half *Qs, int tb, 
 template <int HD, int QROWS>
 __device__ __forceinline__ void attn_scores(const __half *Qs, const uint32_t *Ks, int warp, int lane,
                                             float (&sc)[8][4]) {
-    constexpr int KP = HD / 2 + 4, QP = HD + 8;
+    constexpr int KP = attn_kp(HD), QP = attn_vp(HD);
     const int gr = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int n = 0; n < 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
@@ -249,7 +258,7 @@ __device__ __forceinline__ void attn_combine_head(int n_heads, int h, int t, int
 template <int HD>
 __device__ __forceinline__ void attn_pv(const float (&sc)[8][4], const __half *Vs, int lane,
                                         float (&o)[HD / 8][4]) {
-    constexpr int VP = HD + 8;
+    constexpr int VP = attn_vp(HD);
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         uint32_t ah[4], al[4];
@@ -272,20 +281,19 @@ __device__ __forceinline__ void attn_pv(const float (&sc)[8][4], const __half *V
     }
 }
 
-/* Shared memory of a split block (and of the persistent step's attention units): K [64][hd/2 + 4] half2
- * words, V [64][hd + 8] halves, the block's query rows as two f16 parts [2][qr][hd + 8] (the pads spread a
- * fragment's rows over all banks). */
+/* Shared memory of a split block (and of the persistent step's attention units): K [64][attn_kp] half2
+ * words, V [64][attn_vp] halves, the block's query rows as two f16 parts [2][qr][attn_vp]. */
 static inline size_t attn_smem(int hd, int qr) {
-    return (size_t)FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + (size_t)FMC_ATT_SPLIT * (hd + 8) * 2 +
-           (size_t)2 * qr * (hd + 8) * 2;
+    return (size_t)FMC_ATT_SPLIT * attn_kp(hd) * 4 + (size_t)FMC_ATT_SPLIT * attn_vp(hd) * 2 +
+           (size_t)2 * qr * attn_vp(hd) * 2;
 }
 /* The three regions of attn_smem's layout, from its base. */
 template <int HD> struct attn_tiles {
     uint32_t *Ks;
-    __half *Vs, *Qs; /* Qs: [2][qr][HD + 8], high and low parts */
+    __half *Vs, *Qs; /* Qs: [2][qr][attn_vp], high and low parts */
     __device__ __forceinline__ explicit attn_tiles(unsigned char *base)
-        : Ks((uint32_t *)base), Vs((__half *)(Ks + FMC_ATT_SPLIT * (HD / 2 + 4))),
-          Qs(Vs + FMC_ATT_SPLIT * (HD + 8)) {}
+        : Ks((uint32_t *)base), Vs((__half *)(Ks + FMC_ATT_SPLIT * attn_kp(HD))),
+          Qs(Vs + FMC_ATT_SPLIT * attn_vp(HD)) {}
 };
 
 /* A split block's queries (cuda_attn.cu says how they sit): KV head g with its G query heads, rows tb ..
@@ -352,7 +360,7 @@ template <int HD>
 __device__ __forceinline__ void attn_copy_split(uint32_t *Ks, __half *Vs, const __half *kc, const __half *vc,
                                                 const attn_block &a, int s, int which, int tid, int nt,
                                                 uint64_t pol) {
-    constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8;
+    constexpr int KP = attn_kp(HD), VP = attn_vp(HD), C8N = HD / 8;
     const int j0 = s * FMC_ATT_SPLIT, nload = min(FMC_ATT_SPLIT, a.maxlen - j0);
 #pragma unroll 4
     for (int idx = tid; idx < FMC_ATT_SPLIT * C8N; idx += nt) {

@@ -16,14 +16,14 @@ enum { PF_WARPS = 2, PF_QROWS = 16 * PF_WARPS };
 
 /* Bytes of one key tile in shared memory (K and V, as the split kernel lays them out). */
 static __host__ __device__ constexpr int prefill_tile_bytes(int hd) {
-    return FMC_ATT_SPLIT * (hd / 2 + 4) * 4 + FMC_ATT_SPLIT * (hd + 8) * 2;
+    return FMC_ATT_SPLIT * attn_kp(hd) * 4 + FMC_ATT_SPLIT * attn_vp(hd) * 2;
 }
 /* The queries (two f16 parts), then nbuf key tiles: with two, the next one loads while the current one is
  * used; with one, a block takes 52 instead of 87 KB (heads of 128), so 4 blocks share an SM instead of 2.
  * attn_prefill takes one buffer when the grid would not fit the SMs at 2 blocks each (H200, 128-dim heads,
  * context ~770: 512 rows 131 -> 99 us a layer; 128 rows, 128 blocks, 53 against 59 us with one). */
 static size_t prefill_smem(int hd, int nbuf) {
-    return (size_t)2 * PF_QROWS * (hd + 8) * 2 + nbuf * (size_t)prefill_tile_bytes(hd);
+    return (size_t)2 * PF_QROWS * attn_vp(hd) * 2 + nbuf * (size_t)prefill_tile_bytes(hd);
 }
 
 /* grid (n_kv, ceil(T / rows)), rows = PF_QROWS / G rows of T (G = n_heads / n_kv query heads each); row t
@@ -32,10 +32,10 @@ template <int HD, int NBUF>
 __global__ void __launch_bounds__(PF_WARPS * 32)
     k_attn_prefill(const float *q, int T, int n_heads, int n_kv, const __half *kc, const __half *vc,
                    const int *pos, float *out) {
-    constexpr int KP = HD / 2 + 4, VP = HD + 8, C8N = HD / 8, TB = prefill_tile_bytes(HD);
+    constexpr int KP = attn_kp(HD), VP = attn_vp(HD), C8N = HD / 8, TB = prefill_tile_bytes(HD);
     extern __shared__ __align__(16) unsigned char smem[];
     __half *Qs = (__half *)smem;
-    unsigned char *tiles = smem + 2 * PF_QROWS * (HD + 8) * 2;
+    unsigned char *tiles = smem + 2 * PF_QROWS * VP * 2;
     pdl_trigger();
     pdl_wait();
     const int g = blockIdx.x, G = n_heads / n_kv, rows = PF_QROWS / G, tb = blockIdx.y * rows;
