@@ -123,17 +123,6 @@ __global__ void __launch_bounds__(Q8_THREADS)
     q8_quant_token(x + (size_t)blockIdx.x * ldx, nw, eps, K, blockIdx.x, xq, xd);
 }
 
-/* Sum over the block's Q8_THREADS threads in a fixed order (warp butterfly, then the warps in order). */
-__device__ double q8_block_sum(double v, double *part) {
-    v = warp_sum_d(v);
-    __syncthreads(); /* part free from a previous call */
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double t = 0;
-    for (int w = 0; w < Q8_WARPS; w++) t += part[w];
-    return t;
-}
-
 /* grid (T): the drafter's AdaLN y = LN(x) * (1 + scale) + shift (fmc_ln_mod_rows' formulas) of token t,
  * then that row quantised (q8_quant_token) for the next Q8_0 product: one kernel instead of two. */
 __global__ void __launch_bounds__(Q8_THREADS)
@@ -146,10 +135,10 @@ __global__ void __launch_bounds__(Q8_THREADS)
     float *yr = y + (size_t)blockIdx.x * n;
     double su = 0;
     for (int i = threadIdx.x; i < n; i += Q8_THREADS) su += xr[i];
-    const double mu = q8_block_sum(su, part) / n;
+    const double mu = group_sum_d(su, block_group{part}) / n;
     double q = 0;
     for (int i = threadIdx.x; i < n; i += Q8_THREADS) q += (xr[i] - mu) * (xr[i] - mu);
-    q = q8_block_sum(q, part);
+    q = group_sum_d(q, block_group{part});
     const float r = (float)(1.0 / sqrt(q / n + eps)), muf = (float)mu;
     for (int i = threadIdx.x; i < n; i += Q8_THREADS)
         yr[i] = (xr[i] - muf) * r * (1.0f + scale[i]) + shift[i];

@@ -70,12 +70,12 @@ __device__ __forceinline__ void q8_scale_add(float (&acc)[4], const int (&d)[4],
     acc[3] = __fmaf_rn(f3, __fmul_rn(dw1, dx.y), acc[3]);
 }
 
-/* The final value v of (row, token t) of a non-GLU mode into its output. */
 /* v into (row, token t) of the output, and of its copy y2 when there is one. */
 __device__ __forceinline__ void q8_put(const q8_args &a, int row, int t, float v) {
     a.y[(size_t)t * a.ldy + row] = v;
     if (a.y2) a.y2[(size_t)t * a.ldy2 + row] = v;
 }
+/* The final value v of (row, token t) of a non-GLU mode into its output. */
 template <int MODE> __device__ __forceinline__ void q8_out(const q8_args &a, int row, int t, float v) {
     float *o = a.y + (size_t)t * a.ldy + row;
     if (MODE >= Q8_DSTORE) { /* as fmc_bf16_matmul's epilogues */
