@@ -102,7 +102,7 @@ struct fm_cuda_backend {
     int32_t *h_hist;            /* [hist_cap]: the history and the final draft slots */
     int hist_cap;
     /* the one-token forward in one persistent launch (cuda_megakernel.cu; NULL where the device or the
-     * model cannot take it, mk_why says why), used for steps when use_mk */
+     * model cannot take it, mk_why says why), used for steps by use_mk (MK_OFF, MK_ALWAYS, MK_SHORT) */
     fmc_mk *mk;
     int use_mk;
     char mk_why[160];
@@ -598,6 +598,16 @@ enum { ATT_LONG_FROM = 960 };
 static int att_form_at(int n) {
     return n > ATT_LONG_FROM ? FMC_ATT_LONG : FMC_ATT_SHORT;
 }
+static int graph_form(const fm_cuda_backend *b, int T);
+
+/* Whether a step runs as one persistent launch. By default (MK_SHORT) while the attention takes the short
+ * form: past it the persistent step's attention, one (KV head, 64-key split) unit a block at a time, is
+ * slower than the kernels' (H100, 12 warps: 3.3 % faster at 512 positions, 3.5 % slower at 4096, 33 % at
+ * 16k; bench/RESULTS.md). Both give the same bits. */
+enum { MK_OFF, MK_ALWAYS, MK_SHORT };
+static int mk_step(const fm_cuda_backend *b) {
+    return b->use_mk == MK_ALWAYS || (b->use_mk == MK_SHORT && graph_form(b, 1) == FMC_ATT_SHORT);
+}
 
 /* ---- the target forward: a fixed kernel sequence for T rows (graph-capturable) ---- */
 
@@ -611,7 +621,7 @@ static void target_forward(fm_cuda_backend *b, int T, int mode) {
     if (mode != MODE_NONE) cudaMemsetAsync(b->d_am, 0, (size_t)rows * 8, s);
     fmc_embed_q8(&b->tok, b->d_ids, T, b->x, s);
     const fmc_q8_in xq_in = {b->xq1, b->xd1, NULL, 0, NULL, 0.f};
-    const int persistent = T == 1 && b->use_mk;
+    const int persistent = T == 1 && b->mk && mk_step(b);
     if (persistent) fmc_mk_launch(b->mk, s);
     for (int l = 0; l < b->n_layers && !persistent; l++) {
         const dlayer_t *L = &b->L[l];
@@ -1166,7 +1176,7 @@ static int create_megakernel(fm_cuda_backend *b, char *err, size_t errlen) {
     if (rc > 0) return 0;
     /* a step's graph with it (never launched here), as a cooperative launch or else a plain one */
     cudaGraphExec_t ge;
-    b->use_mk = 1;
+    b->use_mk = MK_ALWAYS;
     char e2[256];
     int ok = 0;
     for (int coop = 1; coop >= 0 && !ok; coop--) {
@@ -1180,8 +1190,8 @@ static int create_megakernel(fm_cuda_backend *b, char *err, size_t errlen) {
         fmc_mk_free(b->mk);
         b->mk = NULL;
     }
-    const char *e = getenv("FMC_MEGA");
-    b->use_mk = b->mk && e && !strcmp(e, "1");
+    const char *e = getenv("FMC_MEGA"); /* 0: never, 1: every step (experiments, tests) */
+    b->use_mk = !b->mk ? MK_OFF : e && !strcmp(e, "0") ? MK_OFF : e && !strcmp(e, "1") ? MK_ALWAYS : MK_SHORT;
     return 0;
 }
 
@@ -1272,9 +1282,10 @@ extern "C" void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on) {
     fmc_q8_set_reg_all(on);
 }
 
-extern "C" int fm_cuda_debug_set_mega(fm_cuda_backend *b, int on) {
+extern "C" int fm_cuda_debug_set_mega(fm_cuda_backend *b, int mode) {
+    if (mode < 0) return b->use_mk;
     drop_graphs(b);
-    b->use_mk = on && b->mk;
+    b->use_mk = b->mk && mode <= MK_SHORT ? mode : MK_OFF;
     return b->use_mk;
 }
 
@@ -1292,8 +1303,11 @@ extern "C" const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages)
     *stages = b->mk ? fmc_mk_stages(b->mk) : 0;
     if (!b->mk) return b->mk_why;
     const int coop = fmc_mk_cooperative(b->mk);
-    return b->use_mk ? (coop ? "on, cooperative launch" : "on, plain launch")
-                     : (coop ? "off, cooperative launch" : "off, plain launch");
+    static const char *const state[3][2] = {{"off, plain launch", "off, cooperative launch"},
+                                            {"on, plain launch", "on, cooperative launch"},
+                                            {"on in the short attention form, plain launch",
+                                             "on in the short attention form, cooperative launch"}};
+    return state[b->use_mk][coop != 0];
 }
 
 extern "C" void fm_cuda_debug_set_q8_gemv(fm_cuda_backend *b, int rd) {

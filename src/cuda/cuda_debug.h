@@ -43,9 +43,10 @@ void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on);
  * weight tiles a warp in registers (process-wide); 0: none; -1: the default choice (one row, by the
  * matrix's shape). */
 void fm_cuda_debug_set_q8_gemv(fm_cuda_backend *b, int rd);
-/* 1: steps (one-token forwards) run their layers in one persistent launch (cuda_megakernel.cu), where the
- * backend has it; 0: as kernels. Returns whether it is now used. */
-int fm_cuda_debug_set_mega(fm_cuda_backend *b, int on);
+/* Steps (one-token forwards) with their layers in one persistent launch (cuda_megakernel.cu), where the
+ * backend has it: mode 0 never (kernels), 1 every step, 2 while the attention takes its short form (the
+ * default; FMC_MEGA=0 / 1 choose the others). Returns the mode now in use (mode < 0: only that). */
+int fm_cuda_debug_set_mega(fm_cuda_backend *b, int mode);
 /* The persistent step kernel's phase clock (cuda_kernels.cuh, fmc_mk_trace): us == NULL: on / off (graphs
  * are captured again); else the last step's phase means into us[0 .. 54) (block 0's, the slowest block's,
  * the fastest block's) and a profiling build's stalls into us[54 .. 62) (fmc_mk_trace_read), returning 18,

@@ -3,7 +3,7 @@
  * Why: a step of Qwen3-4B runs 9 kernels a layer. Each product pays a fixed ~4-6 us beyond its bytes (the
  * wait for its predecessor, the activations' L2 round trip, the ramp and drain of one wave), and the weight
  * stream stops during every norm, RoPE and attention kernel: the step ran at ~46 % of the copy rate (bench/
- * RESULTS.md). Here one block per SM runs every layer. Each of its 8 warps streams its share of every
+ * RESULTS.md). Here one block per SM runs every layer. Each of its 12 warps streams its share of every
  * product's weight tiles, in program order, into its own shared-memory ring with the copy engine
  * (cp.async.bulk, an mbarrier a 4-tile stage): it refills a stage as soon as it has used it, so the ring
  * always holds the next stages of its sequence, also across the phases between grid barriers (norms,
@@ -39,21 +39,29 @@
 
 namespace {
 
+/* Warps of a block (-DFM_MK_WARPS: 8 or 12). They make slots of 4 warps, each taking a product's groups
+ * in turn; the phases between the products run on the first 8 (Q8_THREADS threads: the quantiser's
+ * reduction order), and 12 give the 304 gate/up and 384 qkv groups of Qwen3-4B a slot each on 132 SMs, where
+ * 8 left 40 and 120 of them a second round on the same warps (bench/RESULTS.md). */
+#ifndef FM_MK_WARPS
+#define FM_MK_WARPS 12
+#endif
 enum {
-    MK_WARPS = 8,                       /* each streams its own ring of weight tiles and computes */
-    MK_THREADS = MK_WARPS * 32,         /* == Q8_THREADS: the quantiser's thread count */
-    MK_STAGE_TILES = 4,                 /* weight tiles of a ring stage */
-    MK_STAGE_W = MK_STAGE_TILES * 512,  /* their quants */
-    MK_STAGE_S = MK_STAGE_TILES * 32,   /* their scale pairs */
-    MK_RED_FLOATS = 2 * 2 * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
-    MK_CH = 16,                         /* splits the merge folds a chunk (two buffers of a unit: 16.6 KB) */
-    MK_QR = 16,                         /* query rows of an attention unit: one tile (attn_split_tile) */
-    MK_TRACE = 18,                      /* phase boundaries a layer (fmc_mk_trace) */
+    MK_WARPS = FM_MK_WARPS,                    /* each streams its own ring of weight tiles and computes */
+    MK_THREADS = MK_WARPS * 32,                /* >= Q8_THREADS: the quantiser's thread count */
+    MK_SLOTS = MK_WARPS / 4,                   /* group slots of a product */
+    MK_STAGE_TILES = 4,                        /* weight tiles of a ring stage */
+    MK_STAGE_W = MK_STAGE_TILES * 512,         /* their quants */
+    MK_STAGE_S = MK_STAGE_TILES * 32,          /* their scale pairs */
+    MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
+    MK_CH = 16,                                /* splits the merge folds a chunk (two buffers: 16.6 KB) */
+    MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile) */
+    MK_TRACE = 18,                             /* phase boundaries a layer (fmc_mk_trace) */
 };
-/* Named barriers (0 is __syncthreads). */
-enum { MK_BAR_ALL = 1, MK_BAR_SLOT = 2 /* + slot */, MK_BAR_GRP = 4 /* + group of 64 */, MK_BAR_MERGE = 8 };
-static_assert((int)MK_THREADS == (int)Q8_THREADS,
-              "the quantiser's reduction order assumes Q8_THREADS threads");
+static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 12, "8 or 12 warps a block");
+/* Named barriers (0 is __syncthreads). A phase's sub-block barriers (a product's slots, the q/k norms' and
+ * the attention's groups of 64, the merge's units) reuse ids from 2: block-wide barriers part the phases. */
+enum { MK_BAR_ALL = 1, MK_BAR_Q8 = 15, MK_BAR_SLOT = 2 /* + slot */, MK_BAR_GRP = 2, MK_BAR_MERGE = 2 };
 
 struct mk_mat {
     const int4 *qs;
@@ -208,7 +216,7 @@ struct mk_cursor {
     const uint32_t *sc;
     bool live;
     __device__ void start(const mk_plan &pl, int slot_, int r_) {
-        slot = slot_, r = r_, l = 0, k = 0, j = slot - 2, live = true;
+        slot = slot_, r = r_, l = 0, k = 0, j = slot - MK_SLOTS, live = true;
         next_unit(pl);
     }
     /* the next unit of the warp's: the slot's next group in this product, else the next product */
@@ -219,7 +227,7 @@ struct mk_cursor {
                 return;
             }
             const mk_mat &M = pl.L[l].m[k];
-            j += 2;
+            j += MK_SLOTS;
             if (r < mk_units(M) && j < pl.gc[k]) {
                 int kb0;
                 const int tile = mk_unit(M, pl.gs[k] + j, r, &kb0, &nbw);
@@ -227,7 +235,7 @@ struct mk_cursor {
                 qs = M.qs + t0 * 32, sc = M.sc + t0 * 8, kb = 0;
                 return;
             }
-            j = slot - 2;
+            j = slot - MK_SLOTS;
             if (++k == 4) k = 0, l++;
         }
     }
@@ -288,8 +296,14 @@ struct mk_norm_src {
     __device__ __forceinline__ float4 x4(int i) const { return *(const float4 *)(xs + i); }
     __device__ __forceinline__ float4 w4(int i) const { return *(const float4 *)(nw + i); }
 };
-struct mk_all_bar {
-    __device__ __forceinline__ void sync() const { named_sync(MK_BAR_ALL, MK_THREADS); }
+/* The quantiser's threads (the first Q8_THREADS). */
+struct mk_q8_bar {
+    __device__ __forceinline__ void sync() const {
+        if ((int)MK_THREADS == (int)Q8_THREADS)
+            named_sync(MK_BAR_ALL, MK_THREADS);
+        else
+            named_sync(MK_BAR_Q8, Q8_THREADS);
+    }
 };
 /* A group of 64 threads (qk_norm_rope_head, the attention's units). */
 struct mk_group {
@@ -376,7 +390,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
     }
 }
 
-/* One product of token 0: the block's groups two at a time (warps 0..3 and 4..7), warp r of a group slot
+/* One product of token 0: the block's groups MK_SLOTS at a time (warps 0..3, 4..7, ...), warp r of a slot
  * taking unit r from its ring; then warp 0 of the slot adds the units' sums in order (the merge of
  * gemm_merge) and stores (q8_out; += x with x's old rows loaded before the stream), or writes the GLU's
  * output (q8_glu_out). */
@@ -385,8 +399,8 @@ __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, in
                                            const mk_smem &m, int ns) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slot = warp >> 2, r = warp & 3;
     const int g = lane >> 2, c = lane & 3, units = mk_units(M);
-    for (int jr = 0; 2 * jr + slot < cnt; jr++) {
-        const int gr = start + 2 * jr + slot;
+    for (int jr = 0; MK_SLOTS * jr + slot < cnt; jr++) {
+        const int gr = start + MK_SLOTS * jr + slot;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x0[2] = {0.0f, 0.0f};
         if (MODE == Q8_ADD && r == 0 && c == 0) /* token 0's rows g, g + 8 */
             for (int h = 0; h < 2; h++)
@@ -397,7 +411,7 @@ __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, in
             mk_stream_unit(acc, kb0, nbw, rg, m, ns);
         }
         /* two buffers by round parity: warp 0 reads round jr's while the others fill round jr + 1's */
-        float *rb = m.red + ((jr & 1) * 2 + slot) * 4 * 4 * 32;
+        float *rb = m.red + ((jr & 1) * MK_SLOTS + slot) * 4 * 4 * 32;
         if (M.glu) {
 #pragma unroll
             for (int j = 0; j < 4; j++) rb[(2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[j];
@@ -489,7 +503,10 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         auto norm = [&]() {
             mk_wait(m.nwb, nph);
             nph ^= 1;
-            q8_quant_row_src(mk_norm_src{P.x, xst, nws}, P.eps, P.dim, sink, mk_all_bar{});
+            if (tid < Q8_THREADS)
+                q8_quant_row_src(mk_norm_src{P.x, xst, nws}, P.eps, P.dim, sink, mk_q8_bar{});
+            if ((int)MK_THREADS > (int)Q8_THREADS)
+                named_sync(MK_BAR_ALL, MK_THREADS); /* the products read it */
         };
         mark(0);
         /* qkv */
@@ -498,7 +515,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         product(0, std::integral_constant<int, Q8_STORE>(), mk_args(P.qkv, NULL, NULL, NULL));
         sync(2);
         /* q/k norm + RoPE + KV write: a head per group of 64 threads, spread over the blocks */
-        for (int u = grp * nblk + blockIdx.x; u < nh; u += 4 * nblk)
+        for (int u = grp * nblk + blockIdx.x; warp < Q8_WARPS && u < nh; u += Q8_WARPS / 2 * nblk)
             qk_norm_rope_head(P.qkv, 0, u, n_heads, n_kv, HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, P.q,
                               L.kc, L.vc, mk_group{gtid, MK_BAR_GRP + grp, group_sh[grp]});
         sync(4);
@@ -520,9 +537,9 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             }
         }
         sync(6);
-        /* merge + quantise: a head per HD threads */
-        {
-            constexpr int UPB = MK_THREADS / HD;
+        /* merge + quantise: a head per HD threads of the first Q8_THREADS */
+        if (tid < Q8_THREADS) {
+            constexpr int UPB = Q8_THREADS / HD;
             const int us = tid / HD;
             float *buf = (float *)m.scratch + (size_t)us * 2 * MK_CH * (HD + 2);
             for (int h = us * nblk + blockIdx.x; h < n_heads; h += UPB * nblk)
@@ -559,7 +576,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
  * scratch) and of one ring stage of every warp (with its mbarrier). */
 size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim) {
     const size_t attn = attn_smem(hd, MK_QR);
-    const size_t merge = (size_t)(MK_THREADS / hd) * 2 * MK_CH * (hd + 2) * 4;
+    const size_t merge = (size_t)(Q8_THREADS / hd) * 2 * MK_CH * (hd + 2) * 4;
     const size_t norm = (size_t)2 * dim * 4; /* the next norm's weights and x's copy */
     return 16 + (size_t)max_nb * 36 + MK_RED_FLOATS * 4 + n_layers * sizeof(mk_layer) + 32 + 128 +
            std::max(std::max(attn, merge), norm);

@@ -473,7 +473,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
      * launch mode gives the same bits. */
     int mk_stages = 0;
     const char *mk_state = fm_cuda_debug_mega(gb, &mk_stages);
-    const int has_mega = mk_stages > 0, mega_default = has_mega && !strncmp(mk_state, "on", 2);
+    const int has_mega = mk_stages > 0, mega_default = fm_cuda_debug_set_mega(gb, -1);
     if (!has_mega) printf("INFO tied=%d: no persistent step kernel here: %s\n", tied, mk_state);
     float *ref17 = malloc(sizeof(float) * 17 * V);
     static const char *const variant[10] = {"",
@@ -492,8 +492,8 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
          * up to 8 rows takes it for full-size matrices only); 8 and 12 rows: its forms for one and two
          * n-tiles of 8 tokens, 17: the staged loop. 5: none in shared memory (steps on the staged or register
          * loop), 6..8: every product of 1..8 rows with its activations in shared memory at each depth (the
-         * default: steps only, by the matrix's shape); 9: steps by the persistent kernel, where the device
-         * takes it. */
+         * default: steps only, by the matrix's shape), steps as kernels in all of these; 9: every step by
+         * the persistent kernel, where the device takes it (by default short-context steps are). */
         const int graphs = mode < 4 ? !(mode & 1) : 1, pdl = mode < 4 ? !(mode & 2) : 1;
         fm_cuda_debug_set_graphs(gb, graphs);
         fm_cuda_debug_set_pdl(gb, pdl);
@@ -501,7 +501,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
         fm_cuda_debug_set_q8_gemv(gb, mode == 4 || mode == 5  ? 0
                                       : mode >= 6 && mode < 9 ? 4 * (mode - 4)
                                                               : -1);
-        fm_cuda_debug_set_mega(gb, mode == 9 ? 1 : mega_default);
+        fm_cuda_debug_set_mega(gb, mode == 9);
         static const int Ts[] = {8, 12, 17};
         for (int k = 0; k < 3; k++) {
             const int T = Ts[k];
