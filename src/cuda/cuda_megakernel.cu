@@ -85,7 +85,7 @@ struct mk_params {
     const int *pos;
     int n_layers, dim, n_heads, n_kv, ffn, max_splits, ns, max_nb;
     unsigned long long *trace; /* each block's clock at each phase boundary, [blocks][n_layers][MK_TRACE] */
-    unsigned long long *prof; /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue] cycles, 8 warps */
+    unsigned long long *prof;  /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue], warps' sum */
     float eps;
 };
 
@@ -208,8 +208,8 @@ __device__ __forceinline__ mk_smem mk_carve(unsigned char *base, const mk_params
     return m;
 }
 
-/* Where warp (slot, r) is in its sequence of stages: unit r of the slot's groups (every other group of the
- * block's run) of each product of each layer, 4 tiles a stage. */
+/* Where warp (slot, r) is in its sequence of stages: unit r of the slot's groups (every MK_SLOTS-th group
+ * of the block's run) of each product of each layer, 4 tiles a stage. */
 struct mk_cursor {
     int l, k, j, kb, nbw, slot, r;
     const int4 *qs;
