@@ -36,13 +36,6 @@
 #ifndef FM_MK_PROFILE
 #define FM_MK_PROFILE 0
 #endif
-/* -DFM_MK_LDGSTS=1 (experiment, fails: bench/RESULTS.md, twenty-seventh session): every lane copies its 16
- * bytes of each tile of a stage (cp.async, tracked by the stage's mbarrier) instead of lane 0 issuing the
- * stage's two bulk copies; 2: the same copies, a cp.async group a stage, waited for with cp.async.wait_group
- * (no mbarrier). */
-#ifndef FM_MK_LDGSTS
-#define FM_MK_LDGSTS 0
-#endif
 
 namespace {
 
@@ -132,15 +125,6 @@ __device__ __forceinline__ void mk_wait(uint64_t *b, unsigned parity) {
     const unsigned long long t0 = global_ns();
     while (!mb_try(b, parity))
         if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
-}
-/* cp.async.wait_group with a run-time count (<= 15): at most n of the thread's groups left pending. */
-template <int N> __device__ __forceinline__ void mk_wait_groups_at(int n) {
-    if constexpr (N > 0)
-        if (n < N) return mk_wait_groups_at<N - 1>(n);
-    cp_async_wait<N>();
-}
-__device__ __forceinline__ void mk_wait_groups(int n) {
-    mk_wait_groups_at<15>(n);
 }
 /* bulk_copy with an L2 policy: the weights are read once a step. */
 __device__ __forceinline__ void bulk_copy_hint(void *dst, const void *src, unsigned bytes, uint64_t *b,
@@ -268,7 +252,6 @@ struct mk_cursor {
 struct mk_ring {
     int s;
     unsigned ph;
-    int pending; /* FM_MK_LDGSTS == 2: stages issued and not yet taken */
     mk_cursor cur;
     uint64_t pol;
     mk_plan pl;
@@ -278,23 +261,6 @@ struct mk_ring {
         const int warp = threadIdx.x >> 5;
         const unsigned n = cur.tiles();
         uint64_t *b = m.full + warp * ns + at;
-        if (FM_MK_LDGSTS) { /* every lane: its 16 bytes of each tile, lanes < 2 n the scales */
-            const int lane = threadIdx.x & 31;
-            unsigned char *w = m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W + lane * 16;
-#pragma unroll
-            for (unsigned k = 0; k < MK_STAGE_TILES; k++)
-                if (k < n) cp_async16_hint(w + k * 512, cur.qs + (size_t)(cur.kb + k) * 32 + lane, 16, pol);
-            if (lane < 2 * (int)n)
-                cp_async16_hint(m.ring_s + ((size_t)warp * ns + at) * MK_STAGE_S + lane * 16,
-                                (const int4 *)(cur.sc + (size_t)cur.kb * 8) + lane, 16, pol);
-            if (FM_MK_LDGSTS == 2)
-                cp_async_commit(), pending++;
-            else
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(b))
-                             : "memory");
-            cur.advance(pl);
-            return;
-        }
         mb_expect(b, n * 544);
         bulk_copy_hint(m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W, cur.qs + (size_t)cur.kb * 32,
                        n * 512, b, pol);
@@ -395,12 +361,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
     for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
         const size_t st = (size_t)warp * ns + rg.s;
         const long long c0 = FM_MK_PROFILE ? clock64() : 0;
-        if (FM_MK_LDGSTS == 2) { /* the oldest of the warp's pending groups: this stage */
-            mk_wait_groups(rg.pending - 1);
-            rg.pending--;
-            __syncwarp(); /* the scales: other lanes copied them */
-        } else
-            mk_wait(m.full + st, rg.ph);
+        mk_wait(m.full + st, rg.ph);
         if (FM_MK_PROFILE) rg.wait_cy += clock64() - c0;
         const int4 *W = (const int4 *)(m.ring_w + st * MK_STAGE_W) + lane;
         const uint32_t *S = (const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g;
@@ -420,7 +381,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         }
         /* the products have used the stage's loads: the slot is free for the copy engine */
         __syncwarp();
-        if ((FM_MK_LDGSTS || lane == 0) && rg.cur.live) {
+        if (lane == 0 && rg.cur.live) {
             const long long c1 = FM_MK_PROFILE ? clock64() : 0;
             rg.issue(m, ns, rg.s);
             if (FM_MK_PROFILE) rg.issue_cy += clock64() - c1;
@@ -499,7 +460,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         ((unsigned *)m.L)[i] = ((const unsigned *)P.L)[i];
     if (tid < 4) m.gs[tid] = P.gstart[tid * nblk + blockIdx.x], m.gc[tid] = P.gcount[tid * nblk + blockIdx.x];
     if (tid == 0) {
-        for (int i = 0; i < MK_WARPS * P.ns; i++) mb_init(m.full + i, FM_MK_LDGSTS ? 32 : 1);
+        for (int i = 0; i < MK_WARPS * P.ns; i++) mb_init(m.full + i, 1);
         mb_init(m.nwb, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -508,8 +469,8 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     const int nh = n_heads + 2 * n_kv, grp = warp >> 1, gtid = tid & 63;
     float *nws = (float *)m.scratch, *xst = nws + P.dim; /* the next norm's weights, x's copy */
     unsigned target = 0, nph = 0;
-    mk_ring rg = {0, 0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
-    if (FM_MK_LDGSTS || (tid & 31) == 0) { /* the ring's first stages */
+    mk_ring rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
+    if ((tid & 31) == 0) { /* the ring's first stages */
         rg.cur.start(rg.pl, warp >> 2, warp & 3);
         for (int i = 0; i < P.ns && rg.cur.live; i++) rg.issue(m, P.ns, i);
     }
