@@ -600,10 +600,10 @@ static int att_form_at(int n) {
 }
 static int graph_form(const fm_cuda_backend *b, int T);
 
-/* Whether a step runs as one persistent launch. By default (MK_SHORT) while the attention takes the short
- * form: past it the persistent step's attention, one (KV head, 64-key split) unit a block at a time, is
- * slower than the kernels' (H100, 12 warps: 3.3 % faster at 512 positions, 3.5 % slower at 4096, 33 % at
- * 16k; bench/RESULTS.md). Both give the same bits. */
+/* Whether a step runs as one persistent launch (use_mk is MK_OFF where the backend has none). By default
+ * (MK_SHORT) while the attention takes the short form: past it the persistent step's attention, one (KV head,
+ * 64-key split) unit a block at a time, is slower than the kernels' (H100, 12 warps: 3.3 % faster at 512
+ * positions, 3.5 % slower at 4096, 33 % at 16k; bench/RESULTS.md). Both give the same bits. */
 enum { MK_OFF, MK_ALWAYS, MK_SHORT };
 static int mk_step(const fm_cuda_backend *b) {
     return b->use_mk == MK_ALWAYS || (b->use_mk == MK_SHORT && graph_form(b, 1) == FMC_ATT_SHORT);
@@ -621,7 +621,7 @@ static void target_forward(fm_cuda_backend *b, int T, int mode) {
     if (mode != MODE_NONE) cudaMemsetAsync(b->d_am, 0, (size_t)rows * 8, s);
     fmc_embed_q8(&b->tok, b->d_ids, T, b->x, s);
     const fmc_q8_in xq_in = {b->xq1, b->xd1, NULL, 0, NULL, 0.f};
-    const int persistent = T == 1 && b->mk && mk_step(b);
+    const int persistent = T == 1 && mk_step(b);
     if (persistent) fmc_mk_launch(b->mk, s);
     for (int l = 0; l < b->n_layers && !persistent; l++) {
         const dlayer_t *L = &b->L[l];

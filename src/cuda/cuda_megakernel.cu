@@ -298,12 +298,7 @@ struct mk_norm_src {
 };
 /* The quantiser's threads (the first Q8_THREADS). */
 struct mk_q8_bar {
-    __device__ __forceinline__ void sync() const {
-        if ((int)MK_THREADS == (int)Q8_THREADS)
-            named_sync(MK_BAR_ALL, MK_THREADS);
-        else
-            named_sync(MK_BAR_Q8, Q8_THREADS);
-    }
+    __device__ __forceinline__ void sync() const { named_sync(MK_BAR_Q8, Q8_THREADS); }
 };
 /* A group of 64 threads (qk_norm_rope_head, the attention's units). */
 struct mk_group {
