@@ -36,19 +36,6 @@
 #ifndef FM_MK_PROFILE
 #define FM_MK_PROFILE 0
 #endif
-/* -DFM_MK_LDGSTS=1 (experiment, bench/RESULTS.md, twenty-seventh and twenty-eighth sessions): every lane
- * copies its 16 bytes of each tile of a stage (cp.async, tracked by the stage's mbarrier) instead of lane 0
- * issuing the stage's two bulk copies; 2: the same copies, a cp.async group a stage, waited for with
- * cp.async.wait_group (no mbarrier). With the L2 hint (FM_MK_LDGSTS_HINT=1) CUDA 13.0's ptxas encodes the
- * copies with descriptor registers it never writes (an illegal instruction at run time); without it they
- * run, 17 % slower than the bulk copies (the weights then push the activations out of L2). FMC_MEGA_L2WIN=MB
- * (run time): an L2 persisting window over the activations, that many MB set aside (it did not help). */
-#ifndef FM_MK_LDGSTS
-#define FM_MK_LDGSTS 0
-#endif
-#ifndef FM_MK_LDGSTS_HINT
-#define FM_MK_LDGSTS_HINT 1
-#endif
 
 namespace {
 
@@ -66,7 +53,7 @@ enum {
     MK_STAGE_TILES = 4,                        /* weight tiles of a ring stage */
     MK_STAGE_W = MK_STAGE_TILES * 512,         /* their quants */
     MK_STAGE_S = MK_STAGE_TILES * 32,          /* their scale pairs */
-    MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] (the most) */
+    MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
     MK_CH = 16,                                /* splits the merge folds a chunk (two buffers: 16.6 KB) */
     MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile) */
     MK_TRACE = 18,                             /* phase boundaries a layer (fmc_mk_trace) */
@@ -92,7 +79,6 @@ struct mk_params {
     const unsigned short *gstart, *gcount; /* [4 products][blocks]: each block's run of groups */
     unsigned *bar;                         /* the grid barrier's arrivals (zeroed before each launch) */
     float *x, *qkv, *q, *part;
-    float *act; /* the GLU's f32 output [ffn] (mk_glu_pair) */
     int8_t *xq; /* the attention's and the GLU's quantised output, fragment order */
     float *xd;
     const float *rope;
@@ -140,15 +126,6 @@ __device__ __forceinline__ void mk_wait(uint64_t *b, unsigned parity) {
     while (!mb_try(b, parity))
         if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
 }
-/* cp.async.wait_group with a run-time count (<= 15): at most n of the thread's groups left pending. */
-template <int N> __device__ __forceinline__ void mk_wait_groups_at(int n) {
-    if constexpr (N > 0)
-        if (n < N) return mk_wait_groups_at<N - 1>(n);
-    cp_async_wait<N>();
-}
-__device__ __forceinline__ void mk_wait_groups(int n) {
-    mk_wait_groups_at<15>(n);
-}
 /* bulk_copy with an L2 policy: the weights are read once a step. */
 __device__ __forceinline__ void bulk_copy_hint(void *dst, const void *src, unsigned bytes, uint64_t *b,
                                                uint64_t pol) {
@@ -178,24 +155,20 @@ __device__ __forceinline__ void mk_grid_sync(unsigned *bar, unsigned &target) {
     named_sync(MK_BAR_ALL, MK_THREADS);
 }
 
-/* A product's unit r of group gr: its tile and the first of its nbw 32-blocks. The GLU's group is 2 tiles
- * over all of K, gate rows 16 gr .. (r = 0) and the up rows at the same offset (r = 1); the others' is one
- * tile whose K is split into w shares (q8_gemm_block's). */
+/* A product's unit r of group gr: its tile and the first of its nbw 32-blocks. The GLU's group is 4 tiles
+ * (gate rows 32 gr .. and the up rows at the same offset) over all of K; the others' is one tile whose K is
+ * split into w shares (q8_gemm_block's). */
 __device__ __forceinline__ int mk_unit(const mk_mat &M, int gr, int r, int *kb0, int *nbw) {
     const int NB = M.K >> 5, NT16 = (M.N + 15) >> 4;
     if (M.glu) {
         *kb0 = 0, *nbw = NB;
-        return r == 0 ? gr : NT16 / 2 + gr;
+        return r < 2 ? 2 * gr + r : NT16 / 2 + 2 * gr + r - 2;
     }
     *nbw = NB / M.w, *kb0 = r * *nbw;
     return gr;
 }
 __device__ __forceinline__ int mk_units(const mk_mat &M) {
-    return M.glu ? 2 : M.w;
-}
-/* Warps of a group's slot: a GLU group's two tiles, or a split's 4 shares (w <= 4). */
-__device__ __forceinline__ int mk_slot_warps(const mk_mat &M) {
-    return M.glu ? 2 : 4;
+    return M.glu ? 4 : M.w;
 }
 
 /* What the block streams, in its shared memory (read there, not through L2, on every unit's way): the
@@ -235,15 +208,15 @@ __device__ __forceinline__ mk_smem mk_carve(unsigned char *base, const mk_params
     return m;
 }
 
-/* Where a warp is in its sequence of stages: in each product of each layer, the warp is unit r of a slot
- * (mk_slot_warps), which takes every (MK_WARPS / slot size)-th group of the block's run; 4 tiles a stage. */
+/* Where warp (slot, r) is in its sequence of stages: unit r of the slot's groups (every MK_SLOTS-th group
+ * of the block's run) of each product of each layer, 4 tiles a stage. */
 struct mk_cursor {
-    int l, k, j, kb, nbw, warp;
+    int l, k, j, kb, nbw, slot, r;
     const int4 *qs;
     const uint32_t *sc;
     bool live;
-    __device__ void start(const mk_plan &pl, int warp_) {
-        warp = warp_, l = 0, k = 0, j = -1, live = true;
+    __device__ void start(const mk_plan &pl, int slot_, int r_) {
+        slot = slot_, r = r_, l = 0, k = 0, j = slot - MK_SLOTS, live = true;
         next_unit(pl);
     }
     /* the next unit of the warp's: the slot's next group in this product, else the next product */
@@ -254,8 +227,7 @@ struct mk_cursor {
                 return;
             }
             const mk_mat &M = pl.L[l].m[k];
-            const int sw = mk_slot_warps(M), slot = warp / sw, r = warp % sw;
-            j = j < 0 ? slot : j + MK_WARPS / sw;
+            j += MK_SLOTS;
             if (r < mk_units(M) && j < pl.gc[k]) {
                 int kb0;
                 const int tile = mk_unit(M, pl.gs[k] + j, r, &kb0, &nbw);
@@ -263,7 +235,7 @@ struct mk_cursor {
                 qs = M.qs + t0 * 32, sc = M.sc + t0 * 8, kb = 0;
                 return;
             }
-            j = -1;
+            j = slot - MK_SLOTS;
             if (++k == 4) k = 0, l++;
         }
     }
@@ -280,7 +252,6 @@ struct mk_cursor {
 struct mk_ring {
     int s;
     unsigned ph;
-    int pending; /* FM_MK_LDGSTS == 2: stages issued and not yet taken */
     mk_cursor cur;
     uint64_t pol;
     mk_plan pl;
@@ -290,29 +261,6 @@ struct mk_ring {
         const int warp = threadIdx.x >> 5;
         const unsigned n = cur.tiles();
         uint64_t *b = m.full + warp * ns + at;
-        if (FM_MK_LDGSTS) { /* every lane: its 16 bytes of each tile, lanes < 2 n the scales */
-            const int lane = threadIdx.x & 31;
-            auto cp_async16_hint = [](void *d, const void *src, int n, uint64_t p) {
-                if (FM_MK_LDGSTS_HINT)
-                    ::cp_async16_hint(d, src, n, p);
-                else
-                    cp_async16(d, src, n);
-            };
-            unsigned char *w = m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W + lane * 16;
-#pragma unroll
-            for (unsigned k = 0; k < MK_STAGE_TILES; k++)
-                if (k < n) cp_async16_hint(w + k * 512, cur.qs + (size_t)(cur.kb + k) * 32 + lane, 16, pol);
-            if (lane < 2 * (int)n)
-                cp_async16_hint(m.ring_s + ((size_t)warp * ns + at) * MK_STAGE_S + lane * 16,
-                                (const int4 *)(cur.sc + (size_t)cur.kb * 8) + lane, 16, pol);
-            if (FM_MK_LDGSTS == 2)
-                cp_async_commit(), pending++;
-            else
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(b))
-                             : "memory");
-            cur.advance(pl);
-            return;
-        }
         mb_expect(b, n * 544);
         bulk_copy_hint(m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W, cur.qs + (size_t)cur.kb * 32,
                        n * 512, b, pol);
@@ -393,38 +341,6 @@ __device__ void mk_load_act(const int8_t *xq, const float *xd, int K, const mk_s
     named_sync(MK_BAR_ALL, MK_THREADS);
 }
 
-/* The GLU's f32 output (act, K values, written by every block's mk_glu_pair) quantised into the block's
- * shared memory, each 32-block as quant_lane (q8_glu_out) quantises it: 8 lanes a 32-block, 4 values a lane,
- * every load of a lane issued before the first is used (one L2 round trip). */
-__device__ void mk_load_glu(const float *act, int K, const mk_smem &m) {
-    constexpr int R = 8; /* rows of 4 32-blocks a warp takes at once */
-    const int NB = K >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, l8 = lane & 7;
-    for (int b0 = warp * 4 + (lane >> 3); b0 - (lane >> 3) < NB; b0 += R * 4 * MK_WARPS) {
-        float4 v[R];
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            const int b = b0 + i * 4 * MK_WARPS;
-            v[i] = b < NB ? ld_cg4(act + (size_t)b * 32 + l8 * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            const int b = b0 + i * 4 * MK_WARPS;
-            float amax = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
-#pragma unroll
-            for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            const float e[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-            uint32_t w = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) w |= (uint32_t)(uint8_t)(int8_t)roundf(e[j] * id) << (8 * j);
-            if (b >= NB) continue;
-            *(uint32_t *)(m.xs + (size_t)b * 32 + (l8 & 3) * 8 + (l8 >> 2) * 4) = w;
-            if (l8 == 0) m.ds[b] = __half2float(__float2half_rn(d));
-        }
-    }
-    named_sync(MK_BAR_ALL, MK_THREADS);
-}
-
 /* The calling warp's unit of nbw 32-blocks from kb0 of the product's activations (the block's m.xs / m.ds),
  * its stages taken from the warp's ring, into acc (fmc_split's order: acc = fma(isum, dw * dx, acc)). */
 __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_ring &rg,
@@ -440,12 +356,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
     for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
         const size_t st = (size_t)warp * ns + rg.s;
         const long long c0 = FM_MK_PROFILE ? clock64() : 0;
-        if (FM_MK_LDGSTS == 2) { /* the oldest of the warp's pending groups: this stage */
-            mk_wait_groups(rg.pending - 1);
-            rg.pending--;
-            __syncwarp(); /* the scales: other lanes copied them */
-        } else
-            mk_wait(m.full + st, rg.ph);
+        mk_wait(m.full + st, rg.ph);
         if (FM_MK_PROFILE) rg.wait_cy += clock64() - c0;
         const int4 *W = (const int4 *)(m.ring_w + st * MK_STAGE_W) + lane;
         const uint32_t *S = (const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g;
@@ -465,7 +376,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         }
         /* the products have used the stage's loads: the slot is free for the copy engine */
         __syncwarp();
-        if ((FM_MK_LDGSTS || lane == 0) && rg.cur.live) {
+        if (lane == 0 && rg.cur.live) {
             const long long c1 = FM_MK_PROFILE ? clock64() : 0;
             rg.issue(m, ns, rg.s);
             if (FM_MK_PROFILE) rg.issue_cy += clock64() - c1;
@@ -474,43 +385,15 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
     }
 }
 
-/* The GLU's 16 outputs of group gr from its gate (r = 0) and up (r = 1) warps' sums (lanes c == 0: rows g,
- * g + 8), as q8_glu_out computes them, into act as f32: the group's two tiles are all a slot of two warps
- * needs, so that gate/up's 608 groups (Qwen3-4B) spread evenly over the blocks. The quantisation of a
- * 32-block needs two groups and happens where down loads them (mk_load_glu). */
-__device__ __forceinline__ void mk_glu_pair(float *act, int gr, int r, int slot, int jr,
-                                            const float (&acc)[4], const mk_smem &m) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    float *rb = m.red + ((jr & 1) * (MK_WARPS / 2) + slot) * 32; /* [round parity][slot][gate, up][16] */
-    if (c == 0) rb[r * 16 + g] = acc[0], rb[r * 16 + g + 8] = acc[2];
-    named_sync(MK_BAR_SLOT + slot, 64);
-    if (r == 0 && lane < 16) {
-        const float gv = rb[lane], uv = rb[16 + lane];
-        act[gr * 16 + lane] = gv / (1.0f + expf(-gv)) * uv;
-    }
-}
-
-/* One product of token 0: the block's groups a slot at a time (slots of mk_slot_warps warps), warp r of a
- * slot taking unit r from its ring; then warp 0 of the slot adds the units' sums in order (the merge of
+/* One product of token 0: the block's groups MK_SLOTS at a time (warps 0..3, 4..7, ...), warp r of a slot
+ * taking unit r from its ring; then warp 0 of the slot adds the units' sums in order (the merge of
  * gemm_merge) and stores (q8_out; += x with x's old rows loaded before the stream), or writes the GLU's
- * output (mk_glu_pair). */
+ * output (q8_glu_out). */
 template <int MODE>
 __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt, mk_ring &rg,
-                                           const mk_smem &m, int ns, float *act) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    if (M.glu) {
-        const int slot = warp >> 1, r = warp & 1;
-        for (int jr = 0; MK_WARPS / 2 * jr + slot < cnt; jr++) {
-            const int gr = start + MK_WARPS / 2 * jr + slot;
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            int kb0, nbw;
-            mk_unit(M, gr, r, &kb0, &nbw);
-            mk_stream_unit(acc, kb0, nbw, rg, m, ns);
-            mk_glu_pair(act, gr, r, slot, jr, acc, m);
-        }
-        return;
-    }
-    const int slot = warp >> 2, r = warp & 3, units = mk_units(M);
+                                           const mk_smem &m, int ns) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slot = warp >> 2, r = warp & 3;
+    const int g = lane >> 2, c = lane & 3, units = mk_units(M);
     for (int jr = 0; MK_SLOTS * jr + slot < cnt; jr++) {
         const int gr = start + MK_SLOTS * jr + slot;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x0[2] = {0.0f, 0.0f};
@@ -524,12 +407,19 @@ __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, in
         }
         /* two buffers by round parity: warp 0 reads round jr's while the others fill round jr + 1's */
         float *rb = m.red + ((jr & 1) * MK_SLOTS + slot) * 4 * 4 * 32;
-        if (r < units) {
+        if (M.glu) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) rb[(2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[j];
+        } else if (r < units) {
 #pragma unroll
             for (int j = 0; j < 4; j++) rb[(r * 4 + j) * 32 + lane] = acc[j];
         }
         named_sync(MK_BAR_SLOT + slot, 128);
         if (r != 0) continue;
+        if (M.glu) {
+            q8_glu_out(a, 0, gr, M.N / 64, rb[lane], rb[32 + lane]);
+            continue;
+        }
 #pragma unroll
         for (int j = 0; j < 4; j += 2) { /* token 0: rows g (j = 0) and g + 8 (j = 2) in the lanes c == 0 */
             float v = acc[j];
@@ -565,7 +455,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         ((unsigned *)m.L)[i] = ((const unsigned *)P.L)[i];
     if (tid < 4) m.gs[tid] = P.gstart[tid * nblk + blockIdx.x], m.gc[tid] = P.gcount[tid * nblk + blockIdx.x];
     if (tid == 0) {
-        for (int i = 0; i < MK_WARPS * P.ns; i++) mb_init(m.full + i, FM_MK_LDGSTS ? 32 : 1);
+        for (int i = 0; i < MK_WARPS * P.ns; i++) mb_init(m.full + i, 1);
         mb_init(m.nwb, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -574,9 +464,9 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     const int nh = n_heads + 2 * n_kv, grp = warp >> 1, gtid = tid & 63;
     float *nws = (float *)m.scratch, *xst = nws + P.dim; /* the next norm's weights, x's copy */
     unsigned target = 0, nph = 0;
-    mk_ring rg = {0, 0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
-    if (FM_MK_LDGSTS || (tid & 31) == 0) { /* the ring's first stages */
-        rg.cur.start(rg.pl, warp);
+    mk_ring rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
+    if ((tid & 31) == 0) { /* the ring's first stages */
+        rg.cur.start(rg.pl, warp >> 2, warp & 3);
         for (int i = 0; i < P.ns && rg.cur.live; i++) rg.issue(m, P.ns, i);
     }
     mk_norm_fetch(m, nws, m.L[0].attn_norm, P.dim);
@@ -596,7 +486,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             mark(i + 1);
         };
         auto product = [&](int k, auto mode, const q8_args &a) {
-            mk_product<decltype(mode)::value>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns, P.act);
+            mk_product<decltype(mode)::value>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
             if (FM_MK_PROFILE && P.prof && (tid & 31) == 0) {
                 unsigned long long *d = P.prof + (((size_t)blockIdx.x * P.n_layers + l) * 4 + k) * 2;
                 atomicAdd(d, (unsigned long long)rg.wait_cy),
@@ -662,10 +552,10 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         norm();
         if (l + 1 < P.n_layers) mk_norm_fetch(m, nws, m.L[l + 1].attn_norm, P.dim);
         mark(13);
-        product(2, std::integral_constant<int, Q8_GLU>(), mk_args(NULL, NULL, NULL, NULL));
+        product(2, std::integral_constant<int, Q8_GLU>(), mk_args(NULL, NULL, P.xq, P.xd));
         sync(14);
         /* down, += x (and the drafter's captured copy) */
-        mk_load_glu(P.act, P.ffn, m);
+        mk_load_act(P.xq, P.xd, P.ffn, m);
         mark(16);
         product(3, std::integral_constant<int, Q8_ADD>(), mk_args(P.x, L.cap, NULL, NULL));
         mark(17);
@@ -699,7 +589,6 @@ struct fmc_mk {
     mk_params p;
     mk_kernel kernel;
     int coop;
-    cudaAccessPolicyWindow win; /* experiment (FMC_MEGA_L2WIN): the activations persist in L2 */
     unsigned grid;
     size_t smem;
     std::vector<void *> allocs;
@@ -802,8 +691,8 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     size_t bytes[4];
     for (int k = 0; k < 4; k++) {
         const fmc_q8 *w = mats0[k];
-        const size_t tiles = k == 2 ? 2 : 1;
-        groups[k] = k == 2 ? w->N / 32 : (w->N + 15) / 16;
+        const size_t tiles = k == 2 ? 4 : 1;
+        groups[k] = k == 2 ? w->N / 64 : (w->N + 15) / 16;
         bytes[k] = tiles * (size_t)(w->K / 32) * 544;
     }
     if (groups[0] > 65535 || groups[2] > 65535) {
@@ -817,29 +706,15 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
         mk->allocs.push_back(*dst);
         return src && cudaMemcpy(*dst, src, n, cudaMemcpyHostToDevice) != cudaSuccess ? -1 : 0;
     };
-    void *dl = NULL, *ds = NULL, *dc = NULL, *db = NULL, *da = NULL;
+    void *dl = NULL, *ds = NULL, *dc = NULL, *db = NULL;
     if (up(&dl, layers.data(), layers.size() * sizeof(mk_layer)) || up(&ds, start.data(), start.size() * 2) ||
-        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4) || up(&da, NULL, (size_t)d->ffn * 4)) {
+        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4)) {
         fmc_mk_free(mk);
         snprintf(why, whylen, "cuda: out of device memory for the persistent kernel's tables");
         return -1;
     }
     p.L = (const mk_layer *)dl, p.gstart = (const unsigned short *)ds, p.gcount = (const unsigned short *)dc;
-    p.bar = (unsigned *)db, p.act = (float *)da;
-    if (getenv("FMC_MEGA_L2WIN")) {
-        const void *ps[6] = {p.x, p.qkv, p.q, p.part, p.xq, p.xd};
-        uintptr_t lo = (uintptr_t)ps[0], hi = lo;
-        for (const void *q : ps) lo = std::min(lo, (uintptr_t)q), hi = std::max(hi, (uintptr_t)q);
-        int maxwin = 0;
-        cudaDeviceGetAttribute(&maxwin, cudaDevAttrMaxAccessPolicyWindowSize, dev);
-        const size_t want = hi - lo + (1u << 20), n = std::min(want, (size_t)maxwin);
-        const size_t setaside = (size_t)atoi(getenv("FMC_MEGA_L2WIN")) << 20;
-        const cudaError_t e1 = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, setaside);
-        mk->win.base_ptr = (void *)lo, mk->win.num_bytes = n, mk->win.hitRatio = 1.0f;
-        mk->win.hitProp = cudaAccessPropertyPersisting, mk->win.missProp = cudaAccessPropertyStreaming;
-        fprintf(stderr, "mk l2win: window %zu of %zu bytes (max %d), set-aside %zu MB: %s\n", n, want, maxwin,
-                setaside >> 20, cudaGetErrorString(e1));
-    }
+    p.bar = (unsigned *)db;
     *out = mk;
     return 0;
 }
@@ -851,13 +726,11 @@ void fmc_mk_launch(const fmc_mk *mk, cudaStream_t s) {
     cfg.blockDim = dim3(MK_THREADS);
     cfg.dynamicSmemBytes = mk->smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[2];
+    cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeCooperative;
     at[0].val.cooperative = 1;
-    at[1].id = cudaLaunchAttributeAccessPolicyWindow;
-    at[1].val.accessPolicyWindow = mk->win;
-    cfg.attrs = mk->coop ? at : at + 1;
-    cfg.numAttrs = (mk->coop ? 1 : 0) + (mk->win.num_bytes ? 1 : 0);
+    cfg.attrs = at;
+    cfg.numAttrs = mk->coop ? 1 : 0;
     cudaLaunchKernelEx(&cfg, mk->kernel, mk->p);
 }
 
