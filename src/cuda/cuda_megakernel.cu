@@ -506,15 +506,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         mark(0);
         /* qkv */
         norm();
-        /* the keys and values of the block's first attention unit that are already cached (those before the
-         * new position) into its tiles now, while qkv streams (the tiles are free until the attention) */
-        const int att_units = n_kv * ((*P.pos + FMC_ATT_SPLIT) / FMC_ATT_SPLIT);
-        if (warp < 2 && (int)blockIdx.x < att_units) {
-            const attn_block a =
-                attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, blockIdx.x % n_kv, 0);
-            attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, blockIdx.x / n_kv, 0, tid, 64, rg.pol);
-            cp_async_commit();
-        }
         mark(1);
         product(0, std::integral_constant<int, Q8_STORE>(), mk_args(P.qkv, NULL, NULL, NULL));
         sync(2);
@@ -525,11 +516,12 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         sync(4);
         /* attention: a (KV head, 64-key split) unit per block at a time, on warps 0 and 1 */
         if (warp < 2) {
-            for (int u = blockIdx.x; u < att_units; u += nblk) {
+            const int ns = (*P.pos + 1 + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
+            for (int u = blockIdx.x; u < n_kv * ns; u += nblk) {
                 const int g = u % n_kv, s = u / n_kv;
                 const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0);
-                /* the first unit's older rows are in (above); read once a step, as the weights */
-                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, u == (int)blockIdx.x ? 1 : 2, tid, 64, rg.pol);
+                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 64,
+                                    rg.pol); /* read once a step, as the weights */
                 attn_load_q<HD, MK_QR>(P.q, Qs, a.tb, a.g, a.G, n_heads, MK_QR, a.nq, tid, 64);
                 cp_async_commit();
                 cp_async_wait<0>();
