@@ -37,12 +37,6 @@
 #define FM_MK_PROFILE 0
 #endif
 
-/* -DFM_MK_EXP (experiment, twenty-eighth session): 1 = no scale copies (timing only, wrong sums); 2 = the
- * scales by lanes 0..7 (cp.async, arriving on the stage's mbarrier), the weights by one bulk copy; 3 = the
- * weights in two bulk copies (a third copy a stage). */
-#ifndef FM_MK_EXP
-#define FM_MK_EXP 0
-#endif
 namespace {
 
 /* Warps of a block (-DFM_MK_WARPS: 8 or 12). They make slots of 4 warps, each taking a product's groups
@@ -267,35 +261,6 @@ struct mk_ring {
         const int warp = threadIdx.x >> 5;
         const unsigned n = cur.tiles();
         uint64_t *b = m.full + warp * ns + at;
-        if (FM_MK_EXP == 1 || FM_MK_EXP == 2) {
-            const int lane = threadIdx.x & 31;
-            if (lane == 0) {
-                mb_expect(b, n * 512);
-                bulk_copy_hint(m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W, cur.qs + (size_t)cur.kb * 32,
-                               n * 512, b, pol);
-            }
-            if (FM_MK_EXP == 2) {
-                if (lane < 2 * (int)n)
-                    cp_async16(m.ring_s + ((size_t)warp * ns + at) * MK_STAGE_S + lane * 16,
-                               (const int4 *)(cur.sc + (size_t)cur.kb * 8) + lane);
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(b))
-                             : "memory");
-            }
-            cur.advance(pl);
-            return;
-        }
-        if (FM_MK_EXP == 3) {
-            mb_expect(b, n * 544);
-            unsigned char *w = m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W;
-            const unsigned char *src = (const unsigned char *)(cur.qs + (size_t)cur.kb * 32);
-            const unsigned h = (n * 512) / 2;
-            bulk_copy_hint(w, src, h, b, pol);
-            bulk_copy_hint(w + h, src + h, n * 512 - h, b, pol);
-            bulk_copy_hint(m.ring_s + ((size_t)warp * ns + at) * MK_STAGE_S, cur.sc + (size_t)cur.kb * 8,
-                           n * 32, b, pol);
-            cur.advance(pl);
-            return;
-        }
         mb_expect(b, n * 544);
         bulk_copy_hint(m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W, cur.qs + (size_t)cur.kb * 32,
                        n * 512, b, pol);
@@ -411,7 +376,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         }
         /* the products have used the stage's loads: the slot is free for the copy engine */
         __syncwarp();
-        if ((FM_MK_EXP == 2 ? lane < 8 : lane == 0) && rg.cur.live) {
+        if (lane == 0 && rg.cur.live) {
             const long long c1 = FM_MK_PROFILE ? clock64() : 0;
             rg.issue(m, ns, rg.s);
             if (FM_MK_PROFILE) rg.issue_cy += clock64() - c1;
@@ -490,7 +455,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         ((unsigned *)m.L)[i] = ((const unsigned *)P.L)[i];
     if (tid < 4) m.gs[tid] = P.gstart[tid * nblk + blockIdx.x], m.gc[tid] = P.gcount[tid * nblk + blockIdx.x];
     if (tid == 0) {
-        for (int i = 0; i < MK_WARPS * P.ns; i++) mb_init(m.full + i, FM_MK_EXP == 2 ? 9 : 1);
+        for (int i = 0; i < MK_WARPS * P.ns; i++) mb_init(m.full + i, 1);
         mb_init(m.nwb, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -500,7 +465,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     float *nws = (float *)m.scratch, *xst = nws + P.dim; /* the next norm's weights, x's copy */
     unsigned target = 0, nph = 0;
     mk_ring rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
-    if ((tid & 31) < (FM_MK_EXP == 2 ? 8 : 1)) { /* the ring's first stages */
+    if ((tid & 31) == 0) { /* the ring's first stages */
         rg.cur.start(rg.pl, warp >> 2, warp & 3);
         for (int i = 0; i < P.ns && rg.cur.live; i++) rg.issue(m, P.ns, i);
     }
