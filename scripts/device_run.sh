@@ -5,7 +5,8 @@
 # the full-size benchmark, the persistent-kernel probe and the PyTorch peer.
 # usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|mega|peer|llama-build|llama|ab]...
 # mega: the persistent step kernel (src/cuda/cuda_megakernel.cu): plain steps with it off and on, alternated in
-#   one process (FM_BENCH_MEGA_AB), and its phase clock (FM_BENCH_MEGA_TRACE), under each line of MEGA_VARIANTS
+#   one process (FM_BENCH_MEGA_AB), and its phase clock (FM_BENCH_MEGA_TRACE: each product's time by the blocks'
+#   loads; FM_BENCH_MEGA_BLOCKS=1 adds every block's phases and SM), under each line of MEGA_VARIANTS
 #   (environment assignments, "-" for none), e.g. MEGA_VARIANTS=$'-\nFMC_MEGA_NS=6'.
 # llama-build: llama.cpp's CUDA llama-bench from a carried .devdeps/llsrc.tar.xz (made on the workstation by
 #   `bench/build_llamacpp.sh --from-pypi --pack .devdeps/llsrc.tar.xz /tmp/llsrc`) into /tmp/llb, which the

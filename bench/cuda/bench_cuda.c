@@ -361,6 +361,34 @@ int main(int argc, char **argv) {
             printf("RESULT mega phase %-10s %7.2f us (blocks %.2f-%.2f)\n", phase[i], us[i], us[36 + i],
                    us[18 + i]);
         printf("RESULT mega layer %.2f us (block 0's clock; step %.3f ms)\n", tot, median(ts, 16) * 1e3);
+        /* each product's time in a block by the block's groups of it (the SM's speed shows as the spread
+         * among blocks of the same load); FM_BENCH_MEGA_BLOCKS=1 prints every block's phases and SM too */
+        enum { MAXB = 1024 };
+        static double bus[MAXB * 18];
+        static int binfo[MAXB * 5];
+        const int nb = fm_cuda_debug_mega_blocks(gb, bus, binfo, MAXB);
+        static const int prod_phase[4] = {1, 10, 13, 16};
+        static const char *prod_name[4] = {"qkv", "wo", "gate/up", "down"};
+        for (int k = 0; k < 4; k++)
+            for (int c = 0; c <= 64; c++) {
+                int n = 0;
+                double lo = 1e30, hi = 0, sum = 0;
+                for (int b = 0; b < nb; b++) {
+                    if (binfo[b * 5 + 1 + k] != c) continue;
+                    const double v = bus[b * 18 + prod_phase[k]];
+                    n++, sum += v, lo = v < lo ? v : lo, hi = v > hi ? v : hi;
+                }
+                if (n)
+                    printf("RESULT mega blocks %-8s %2d groups: %3d blocks, %.2f / %.2f / %.2f us (fastest, "
+                           "mean, slowest)\n",
+                           prod_name[k], c, n, lo, sum / n, hi);
+            }
+        for (int b = 0; getenv("FM_BENCH_MEGA_BLOCKS") && b < nb; b++) {
+            printf("RESULT mega block %3d sm %3d groups %d %d %d %d us", b, binfo[b * 5], binfo[b * 5 + 1],
+                   binfo[b * 5 + 2], binfo[b * 5 + 3], binfo[b * 5 + 4]);
+            for (int i = 0; i < 18; i++) printf(" %.2f", bus[b * 18 + i]);
+            printf("\n");
+        }
         static const char *prod[4] = {"qkv", "wo", "gate/up", "down"};
         for (int k = 0; k < 4; k++) /* a profiling build's stalls (cuda_megakernel.cu, FM_MK_PROFILE) */
             if (us[54 + 2 * k] > 0)

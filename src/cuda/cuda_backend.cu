@@ -1299,6 +1299,12 @@ extern "C" int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us) 
     return fmc_mk_trace_read(b->mk, us);
 }
 
+extern "C" int fm_cuda_debug_mega_blocks(fm_cuda_backend *b, double *us, int *info, int max_blocks) {
+    if (!b->mk) return -1;
+    cudaStreamSynchronize(b->st);
+    return fmc_mk_trace_blocks(b->mk, us, info, max_blocks);
+}
+
 extern "C" const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages) {
     *stages = b->mk ? fmc_mk_stages(b->mk) : 0;
     if (!b->mk) return b->mk_why;

@@ -52,6 +52,9 @@ int fm_cuda_debug_set_mega(fm_cuda_backend *b, int mode);
  * the fastest block's) and a profiling build's stalls into us[54 .. 62) (fmc_mk_trace_read), returning 18,
  * or < 0. */
 int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us);
+/* The same trace for every block (fmc_mk_trace_blocks): us[block * 18 + phase], info[block * 5 ..] = the
+ * block's SM and its groups of the four products; returns the blocks, or < 0. */
+int fm_cuda_debug_mega_blocks(fm_cuda_backend *b, double *us, int *info, int max_blocks);
 /* "on" / "off" for the persistent step kernel (with its launch: cooperative or plain) and its ring stages,
  * or why the backend has none. */
 const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages);

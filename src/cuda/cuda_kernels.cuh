@@ -231,6 +231,10 @@ int fmc_mk_cooperative(const fmc_mk *mk);
  * gate/up, down), summed over the steps since the last read (builds with -DFM_MK_PROFILE=1; else 0). */
 int fmc_mk_trace(fmc_mk *mk, int on);
 int fmc_mk_trace_read(const fmc_mk *mk, double *us);
+/* The same trace block by block: each phase's mean microseconds over the middle layers into
+ * us[block * n + phase], and into info[block * 5 ..] the block's SM and its groups of qkv, wo, gate/up and
+ * down; returns the blocks (<= max_blocks), < 0 without a trace. */
+int fmc_mk_trace_blocks(const fmc_mk *mk, double *us, int *info, int max_blocks);
 /* Ring stages of 4 weight tiles each warp keeps in flight. */
 int fmc_mk_stages(const fmc_mk *mk);
 

@@ -84,7 +84,8 @@ struct mk_params {
     const float *rope;
     const int *pos;
     int n_layers, dim, n_heads, n_kv, ffn, max_splits, ns, max_nb;
-    unsigned long long *trace; /* each block's clock at each phase boundary, [blocks][n_layers][MK_TRACE] */
+    unsigned long long *trace; /* each block's clock at each phase boundary, [blocks][n_layers][MK_TRACE],
+                                  then each block's SM */
     unsigned long long *prof;  /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue], warps' sum */
     float eps;
 };
@@ -454,6 +455,11 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     for (int i = tid; i < P.n_layers * (int)sizeof(mk_layer) / 4; i += MK_THREADS)
         ((unsigned *)m.L)[i] = ((const unsigned *)P.L)[i];
     if (tid < 4) m.gs[tid] = P.gstart[tid * nblk + blockIdx.x], m.gc[tid] = P.gcount[tid * nblk + blockIdx.x];
+    if (P.trace && tid == 0) { /* the SM: SMs differ in speed, and a block lands on another between runs */
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        P.trace[(size_t)nblk * P.n_layers * MK_TRACE + blockIdx.x] = sm;
+    }
     if (tid == 0) {
         for (int i = 0; i < MK_WARPS * P.ns; i++) mb_init(m.full + i, 1);
         mb_init(m.nwb, 1);
@@ -592,6 +598,7 @@ struct fmc_mk {
     unsigned grid;
     size_t smem;
     std::vector<void *> allocs;
+    std::vector<unsigned short> gcount; /* each block's groups of each product, [4][blocks] */
 };
 
 void fmc_mk_free(fmc_mk *mk) {
@@ -701,6 +708,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     }
     std::vector<unsigned short> start, count;
     mk_balance(groups, bytes, sms, start, count);
+    mk->gcount = count;
     auto up = [&](void **dst, const void *src, size_t n) {
         if (cudaMalloc(dst, n) != cudaSuccess) return -1;
         mk->allocs.push_back(*dst);
@@ -749,7 +757,7 @@ int fmc_mk_trace(fmc_mk *mk, int on) {
     }
     void *t = NULL, *pr = NULL;
     const size_t np = (size_t)mk->grid * mk->p.n_layers * 8 * 8;
-    if (cudaMalloc(&t, (size_t)mk->grid * mk->p.n_layers * MK_TRACE * 8) != cudaSuccess) return -1;
+    if (cudaMalloc(&t, (size_t)mk->grid * (mk->p.n_layers * MK_TRACE + 1) * 8) != cudaSuccess) return -1;
     mk->allocs.push_back(t);
     if (cudaMalloc(&pr, np) != cudaSuccess || cudaMemset(pr, 0, np) != cudaSuccess) return -1;
     mk->allocs.push_back(pr);
@@ -757,21 +765,29 @@ int fmc_mk_trace(fmc_mk *mk, int on) {
     return 0;
 }
 
+/* The trace on the host: [blocks][n_layers][MK_TRACE] clocks, then [blocks] SMs. */
+static int mk_trace_copy(const fmc_mk *mk, std::vector<unsigned long long> &t) {
+    const int L = mk->p.n_layers, nb = (int)mk->grid;
+    t.resize((size_t)nb * (L * MK_TRACE + 1));
+    if (!mk->p.trace || L < 3) return -1;
+    return cudaMemcpy(t.data(), mk->p.trace, t.size() * 8, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+}
+/* Block b's microseconds in phase i of layer l (the last phase ends at the next layer's start). */
+static double mk_phase_us(const std::vector<unsigned long long> &t, int L, int b, int l, int i) {
+    const unsigned long long *tb = t.data() + ((size_t)b * L + l) * MK_TRACE;
+    return (double)(tb[i + 1] - tb[i]) * 1e-3;
+}
+
 int fmc_mk_trace_read(const fmc_mk *mk, double *us) {
     const int L = mk->p.n_layers, nb = (int)mk->grid;
-    std::vector<unsigned long long> t((size_t)nb * L * MK_TRACE);
-    if (!mk->p.trace || L < 3 ||
-        cudaMemcpy(t.data(), mk->p.trace, t.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess)
-        return -1;
+    std::vector<unsigned long long> t;
+    if (mk_trace_copy(mk, t)) return -1;
     for (int i = 0; i < MK_TRACE; i++) { /* layers 1 .. L-2: each has a next layer's start */
         double b0 = 0, hi = 0, lo = 0;
         for (int l = 1; l < L - 1; l++) {
             double mx = 0, mn = 1e30;
             for (int b = 0; b < nb; b++) {
-                const unsigned long long *tb = t.data() + (size_t)b * L * MK_TRACE;
-                const unsigned long long end =
-                    tb[(size_t)l * MK_TRACE + i + 1]; /* the next layer's start at the last */
-                const double d = (double)(end - tb[(size_t)l * MK_TRACE + i]) * 1e-3;
+                const double d = mk_phase_us(t, L, b, l, i);
                 if (b == 0) b0 += d;
                 mx = std::max(mx, d), mn = std::min(mn, d);
             }
@@ -792,6 +808,22 @@ int fmc_mk_trace_read(const fmc_mk *mk, double *us) {
         us[3 * MK_TRACE + i] = sum / ((double)nb * (L - 2) * MK_WARPS);
     }
     return MK_TRACE;
+}
+
+int fmc_mk_trace_blocks(const fmc_mk *mk, double *us, int *info, int max_blocks) {
+    const int L = mk->p.n_layers, nb = (int)mk->grid;
+    std::vector<unsigned long long> t;
+    if (nb > max_blocks || mk_trace_copy(mk, t)) return -1;
+    for (int b = 0; b < nb; b++) {
+        for (int i = 0; i < MK_TRACE; i++) {
+            double sum = 0;
+            for (int l = 1; l < L - 1; l++) sum += mk_phase_us(t, L, b, l, i);
+            us[(size_t)b * MK_TRACE + i] = sum / (L - 2);
+        }
+        info[b * 5] = (int)t[(size_t)nb * L * MK_TRACE + b];
+        for (int k = 0; k < 4; k++) info[b * 5 + 1 + k] = mk->gcount[(size_t)k * nb + b];
+    }
+    return nb;
 }
 
 int fmc_mk_stages(const fmc_mk *mk) {
