@@ -49,13 +49,19 @@ __device__ __forceinline__ void split_half2(float x0, float x1, uint32_t *hi, ui
     *lo = pack_half2(x0 - hf.x, x1 - hf.y);
 }
 
+/* Where qk_norm_rope_head puts element d of query head hh of row t: q [T][n_heads * hd] (the persistent
+ * step passes its own sink, the attention unit's shared-memory queries). */
+__device__ __forceinline__ void qk_store_q(float *q, int t, int hh, int d, float v, int q_dim, int hd) {
+    q[(size_t)t * q_dim + hh * hd + d] = v;
+}
+
 /* Head hh of row t of qkv [T][q_dim + 2 kv_dim]: q and k heads RMSNorm'd (q_norm / k_norm) and rotated (NEOX
- * RoPE at *pos + t), q into q_out [T][q_dim], k into the f16 key cache row *pos + t; v heads copied to the
+ * RoPE at *pos + t), q into q_out (qk_store_q), k into the f16 key cache row *pos + t; v heads copied to the
  * value cache. qkv is read through L2 (a persistent launch writes it in the same kernel). */
-template <class GRP>
+template <class GRP, class QOUT>
 __device__ __forceinline__ void qk_norm_rope_head(const float *qkv, int t, int hh, int n_heads, int n_kv,
                                                   int hd, const float *q_norm, const float *k_norm, float eps,
-                                                  const float *rope, const int *pos, float *q_out,
+                                                  const float *rope, const int *pos, QOUT q_out,
                                                   __half *k_cache, __half *v_cache, const GRP &grp) {
     const int q_dim = n_heads * hd, kv_dim = n_kv * hd, half = hd / 2, tid = grp.tid(), nt = grp.size();
     const int p = *pos + t;
@@ -86,8 +92,8 @@ __device__ __forceinline__ void qk_norm_rope_head(const float *qkv, int t, int h
         const float o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
         const float o1 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn));
         if (is_q) {
-            q_out[(size_t)t * q_dim + hh * hd + i] = o0;
-            q_out[(size_t)t * q_dim + hh * hd + i + half] = o1;
+            qk_store_q(q_out, t, hh, i, o0, q_dim, hd);
+            qk_store_q(q_out, t, hh, i + half, o1, q_dim, hd);
         } else {
             const size_t base = (size_t)p * kv_dim + (hh - n_heads) * hd;
             k_cache[base + i] = __float2half_rn(o0);

@@ -1168,9 +1168,8 @@ static int create_megakernel(fm_cuda_backend *b, char *err, size_t errlen) {
                 b->vc + (size_t)l * b->n_ctx * b->kv_dim,
                 b->cap_slot[l] >= 0 ? b->feat + (size_t)b->cap_slot[l] * b->dim : NULL};
     }
-    const fmc_mk_desc d = {b->n_layers,   b->dim, b->n_heads, b->n_kv, b->hd,   b->ffn,
-                           b->max_splits, b->eps, L.data(),   b->x,    b->qkv,  b->q,
-                           b->part,       b->xq1, b->xd1,     b->rope, b->d_pos};
+    const fmc_mk_desc d = {b->n_layers, b->dim, b->n_heads, b->n_kv, b->hd,  b->ffn, b->max_splits, b->eps,
+                           L.data(),    b->x,   b->qkv,     b->part, b->xq1, b->xd1, b->rope,       b->d_pos};
     const int rc = fmc_mk_create(&d, &b->mk, b->mk_why, sizeof b->mk_why);
     if (rc < 0) return fail(err, errlen, b->mk_why);
     if (rc > 0) return 0;

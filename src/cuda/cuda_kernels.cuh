@@ -200,12 +200,12 @@ typedef struct {
     float *cap;      /* where the layer's output is also copied (the drafter's features), or NULL */
 } fmc_mk_layer;
 /* The target and the buffers its kernels use for one token (cuda_backend.cu): x [dim] (the embedding in,
- * the last layer's output out), qkv, q, the attention's partials, xq / xd (fragment order, maxK). */
+ * the last layer's output out), qkv, the attention's partials, xq / xd (fragment order, maxK). */
 typedef struct {
     int n_layers, dim, n_heads, n_kv, hd, ffn, max_splits;
     float eps;
     const fmc_mk_layer *layers; /* host array of n_layers */
-    float *x, *qkv, *q, *part;
+    float *x, *qkv, *part;
     int8_t *xq;
     float *xd;
     const float *rope;

@@ -18,10 +18,10 @@
  * norms are q8_quant_row_src, qk_norm_rope_head and attn_combine_head, and attention runs attn_split_tile per
  * 64-key split.
  *
- * Per layer: [RMSNorm + quantise x, every block for itself] [qkv] | [q/k norm, RoPE, KV write] | [attention
- * splits] | [merge + quantise] | [wo, += x] | [RMSNorm + quantise] [gate/up + SiLU * up + quantise] | [down,
- * += x (and the captured copy)] |, where | is a grid barrier. The embedding lookup before and the final norm,
- * lm_head and argmax after stay kernels of their own. */
+ * Per layer: [RMSNorm + quantise x, every block for itself] [qkv] | [attention splits, each after its heads'
+ * q/k norms, RoPE and KV write] | [merge + quantise] | [wo, += x] | [RMSNorm + quantise] [gate/up + SiLU * up
+ * + quantise] | [down, += x (and the captured copy)] |, where | is a grid barrier. The embedding lookup
+ * before and the final norm, lm_head and argmax after stay kernels of their own. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -78,7 +78,7 @@ struct mk_params {
     const mk_layer *L;                     /* [n_layers], copied into each block's shared memory */
     const unsigned short *gstart, *gcount; /* [4 products][blocks]: each block's run of groups */
     unsigned *bar;                         /* the grid barrier's arrivals (zeroed before each launch) */
-    float *x, *qkv, *q, *part;
+    float *x, *qkv, *part;
     int8_t *xq; /* the attention's and the GLU's quantised output, fragment order */
     float *xd;
     const float *rope;
@@ -187,10 +187,10 @@ struct mk_smem {
     uint64_t *nwb;                  /* the norm weights' copy */
     unsigned char *xs;              /* the product's activations, token 0's 32 quants a 32-block */
     float *ds;                      /* and their scales */
-    float *red;                     /* MK_RED_FLOATS: the warps' sums (or the GLU's gate / up rows) */
-    mk_layer *L;                    /* [n_layers] */
-    unsigned short *gs, *gc;        /* [4] */
-    unsigned char *scratch;         /* attention split / merge; between them x and the next norm's weights */
+    float *red; /* MK_RED_FLOATS: the warps' sums (or the GLU's gate / up rows; the attention's head norms) */
+    mk_layer *L;             /* [n_layers] */
+    unsigned short *gs, *gc; /* [4] */
+    unsigned char *scratch;  /* attention split / merge; between them x and the next norm's weights */
 };
 __device__ __forceinline__ mk_smem mk_carve(unsigned char *base, const mk_params &P) {
     mk_smem m;
@@ -309,6 +309,19 @@ struct mk_group {
     __device__ __forceinline__ int size() const { return 64; }
     __device__ __forceinline__ void sync() const { named_sync(id, 64); }
 };
+/* qk_norm_rope_head's queries straight into an attention unit's Qs, as attn_load_q splits them (hi, lo):
+ * query row hh - h0. */
+template <int HD> struct mk_q_smem {
+    __half *Qs;
+    int h0;
+};
+template <int HD>
+__device__ __forceinline__ void qk_store_q(const mk_q_smem<HD> &q, int, int hh, int d, float v, int, int) {
+    constexpr int QP = attn_vp(HD);
+    const __half h = __float2half_rn(v);
+    q.Qs[(hh - q.h0) * QP + d] = h;
+    q.Qs[(MK_QR + hh - q.h0) * QP + d] = __float2half_rn(v - __half2float(h));
+}
 /* A merge unit of HD threads: partials loaded through L2 (other blocks wrote them in this launch). */
 struct mk_combine {
     int id, n;
@@ -448,7 +461,6 @@ template <int HD>
 __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_constant__ mk_params P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ double group_sh[4][32];
     const mk_smem m = mk_carve(smem, P);
     const int tid = threadIdx.x, warp = tid >> 5, nblk = gridDim.x;
     /* the tables into shared memory */
@@ -467,7 +479,9 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     }
     __syncthreads();
     const int n_heads = P.n_heads, n_kv = P.n_kv, q_dim = n_heads * HD;
-    const int nh = n_heads + 2 * n_kv, grp = warp >> 1, gtid = tid & 63;
+    const int grp = warp >> 1, gtid = tid & 63, G = n_heads / n_kv;
+    const int att_units = n_kv * ((*P.pos + FMC_ATT_SPLIT) / FMC_ATT_SPLIT); /* (KV head, split) */
+    constexpr int QP = attn_vp(HD);
     float *nws = (float *)m.scratch, *xst = nws + P.dim; /* the next norm's weights, x's copy */
     unsigned target = 0, nph = 0;
     mk_ring rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
@@ -515,27 +529,31 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         mark(1);
         product(0, std::integral_constant<int, Q8_STORE>(), mk_args(P.qkv, NULL, NULL, NULL));
         sync(2);
-        /* q/k norm + RoPE + KV write: a head per group of 64 threads, spread over the blocks */
-        for (int u = grp * nblk + blockIdx.x; warp < Q8_WARPS && u < nh; u += Q8_WARPS / 2 * nblk)
-            qk_norm_rope_head(P.qkv, 0, u, n_heads, n_kv, HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, P.q,
-                              L.kc, L.vc, mk_group{gtid, MK_BAR_GRP + grp, group_sh[grp]});
-        sync(4);
-        /* attention: a (KV head, 64-key split) unit per block at a time, on warps 0 and 1 */
-        if (warp < 2) {
-            const int ns = (*P.pos + 1 + FMC_ATT_SPLIT - 1) / FMC_ATT_SPLIT;
-            for (int u = blockIdx.x; u < n_kv * ns; u += nblk) {
-                const int g = u % n_kv, s = u / n_kv;
+        mark(4), mark(5); /* (the q/k norms' phase and barrier of the trace: now inside the attention's) */
+        /* attention: a (KV head, 64-key split) unit per block at a time. First the norms and RoPE of its
+         * heads, a head per group of 64 threads: its G query heads straight into the unit's queries, and in
+         * the split that holds the new position its key and value heads into the caches (the other splits
+         * read neither), so no grid barrier parts them from qkv's. Then the split on warps 0 and 1. */
+        for (int u = blockIdx.x; u < att_units; u += nblk) {
+            const int g = u % n_kv, s = u / n_kv, heads = s == att_units / n_kv - 1 ? G + 2 : G;
+            for (int j = tid; j < (MK_QR - G) * QP; j += MK_THREADS) /* the unused query rows */
+                Qs[G * QP + j] = Qs[(MK_QR + G) * QP + j] = __float2half_rn(0.0f);
+            for (int j = grp; j < heads; j += MK_WARPS / 2)
+                qk_norm_rope_head(P.qkv, 0, j < G ? g * G + j : n_heads + (j - G) * n_kv + g, n_heads, n_kv,
+                                  HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, mk_q_smem<HD>{Qs, g * G},
+                                  L.kc, L.vc, mk_group{gtid, MK_BAR_GRP + grp, (double *)m.red + grp * 32});
+            named_sync(MK_BAR_ALL, MK_THREADS); /* the queries, and this block's new key row */
+            if (warp < 2) {
                 const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0);
                 attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 64,
                                     rg.pol); /* read once a step, as the weights */
-                attn_load_q<HD, MK_QR>(P.q, Qs, a.tb, a.g, a.G, n_heads, MK_QR, a.nq, tid, 64);
                 cp_async_commit();
                 cp_async_wait<0>();
                 named_sync(MK_BAR_GRP, 64);
                 if (a.warp * 16 < a.nq)
                     attn_split_tile<HD, MK_QR>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part);
-                named_sync(MK_BAR_GRP, 64); /* Ks / Vs / Qs are rewritten next */
             }
+            named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
         }
         sync(6);
         /* merge + quantise: a head per HD threads of the first Q8_THREADS */
@@ -683,7 +701,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     mk_params &p = mk->p;
     p.n_layers = d->n_layers, p.dim = d->dim, p.n_heads = d->n_heads, p.n_kv = d->n_kv, p.ffn = d->ffn;
     p.max_splits = d->max_splits, p.ns = ns, p.max_nb = max_nb, p.eps = d->eps;
-    p.x = d->x, p.qkv = d->qkv, p.q = d->q, p.part = d->part, p.xq = d->xq, p.xd = d->xd;
+    p.x = d->x, p.qkv = d->qkv, p.part = d->part, p.xq = d->xq, p.xd = d->xd;
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);
     for (int l = 0; l < d->n_layers; l++) {
