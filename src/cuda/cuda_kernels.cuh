@@ -226,9 +226,10 @@ int fmc_mk_cooperative(const fmc_mk *mk);
  * after this takes it); fmc_mk_trace_read: each phase's mean microseconds over the middle layers, block 0's
  * into us[0 .. n), the slowest block's into us[n .. 2n) and the fastest's into us[2n .. 3n); returns n, the
  * phases (18: norm, qkv, barrier, q/k norm, barrier, attention, barrier, merge, barrier, activations, wo,
- * barrier, norm, gate/up, barrier, activations, down, barrier), < 0 without a trace. us[3n .. 3n + 8): a
- * warp's mean cycles a layer waiting for ring stages and issuing their copies, for each product (qkv, wo,
- * gate/up, down), summed over the steps since the last read (builds with -DFM_MK_PROFILE=1; else 0). */
+ * barrier, norm, gate/up, barrier, activations, down, barrier; the q/k norm and the barrier after it are
+ * empty since the attention's units norm their own heads), < 0 without a trace. us[3n .. 3n + 8): a warp's
+ * mean cycles a layer waiting for ring stages and issuing their copies, for each product (qkv, wo, gate/up,
+ * down), summed over the steps since the last read (builds with -DFM_MK_PROFILE=1; else 0). */
 int fmc_mk_trace(fmc_mk *mk, int on);
 int fmc_mk_trace_read(const fmc_mk *mk, double *us);
 /* The same trace block by block: each phase's mean microseconds over the middle layers into

@@ -187,10 +187,10 @@ struct mk_smem {
     uint64_t *nwb;                  /* the norm weights' copy */
     unsigned char *xs;              /* the product's activations, token 0's 32 quants a 32-block */
     float *ds;                      /* and their scales */
-    float *red; /* MK_RED_FLOATS: the warps' sums (or the GLU's gate / up rows; the attention's head norms) */
-    mk_layer *L;             /* [n_layers] */
-    unsigned short *gs, *gc; /* [4] */
-    unsigned char *scratch;  /* attention split / merge; between them x and the next norm's weights */
+    float *red;                     /* MK_RED_FLOATS: warps' sums, the GLU's rows, the head norms' sums */
+    mk_layer *L;                    /* [n_layers] */
+    unsigned short *gs, *gc;        /* [4] */
+    unsigned char *scratch;         /* attention split / merge; between them x and the next norm's weights */
 };
 __device__ __forceinline__ mk_smem mk_carve(unsigned char *base, const mk_params &P) {
     mk_smem m;
