@@ -368,7 +368,7 @@ int main(int argc, char **argv) {
         static int binfo[MAXB * 5];
         const int nb = fm_cuda_debug_mega_blocks(gb, bus, binfo, MAXB);
         static const int prod_phase[4] = {1, 10, 13, 16};
-        static const char *prod_name[4] = {"qkv", "wo", "gate/up", "down"};
+        static const char *prod[4] = {"qkv", "wo", "gate/up", "down"};
         for (int k = 0; k < 4; k++)
             for (int c = 0; c <= 64; c++) {
                 int n = 0;
@@ -381,7 +381,7 @@ int main(int argc, char **argv) {
                 if (n)
                     printf("RESULT mega blocks %-8s %2d groups: %3d blocks, %.2f / %.2f / %.2f us (fastest, "
                            "mean, slowest)\n",
-                           prod_name[k], c, n, lo, sum / n, hi);
+                           prod[k], c, n, lo, sum / n, hi);
             }
         for (int b = 0; getenv("FM_BENCH_MEGA_BLOCKS") && b < nb; b++) {
             printf("RESULT mega block %3d sm %3d groups %d %d %d %d us", b, binfo[b * 5], binfo[b * 5 + 1],
@@ -389,7 +389,6 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 18; i++) printf(" %.2f", bus[b * 18 + i]);
             printf("\n");
         }
-        static const char *prod[4] = {"qkv", "wo", "gate/up", "down"};
         for (int k = 0; k < 4; k++) /* a profiling build's stalls (cuda_megakernel.cu, FM_MK_PROFILE) */
             if (us[54 + 2 * k] > 0)
                 printf("RESULT mega stalls %-8s a warp, a layer: waiting %.0f cycles, issuing %.0f cycles\n",

@@ -48,6 +48,11 @@ __device__ __forceinline__ void split_half2(float x0, float x1, uint32_t *hi, ui
     *hi = *(const uint32_t *)&h;
     *lo = pack_half2(x0 - hf.x, x1 - hf.y);
 }
+/* The same split of one value: (hi, lo). */
+__device__ __forceinline__ __half2 split_half(float x) {
+    const __half h = __float2half_rn(x);
+    return __halves2half2(h, __float2half_rn(x - __half2float(h)));
+}
 
 /* Where qk_norm_rope_head puts element d of query head hh of row t: q [T][n_heads * hd] (the persistent
  * step passes its own sink, the attention unit's shared-memory queries). */

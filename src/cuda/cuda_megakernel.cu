@@ -309,7 +309,7 @@ struct mk_group {
     __device__ __forceinline__ int size() const { return 64; }
     __device__ __forceinline__ void sync() const { named_sync(id, 64); }
 };
-/* qk_norm_rope_head's queries straight into an attention unit's Qs, as attn_load_q splits them (hi, lo):
+/* qk_norm_rope_head's queries straight into an attention unit's Qs, split as attn_load_q splits them:
  * query row hh - h0. */
 template <int HD> struct mk_q_smem {
     __half *Qs;
@@ -318,9 +318,9 @@ template <int HD> struct mk_q_smem {
 template <int HD>
 __device__ __forceinline__ void qk_store_q(const mk_q_smem<HD> &q, int, int hh, int d, float v, int, int) {
     constexpr int QP = attn_vp(HD);
-    const __half h = __float2half_rn(v);
-    q.Qs[(hh - q.h0) * QP + d] = h;
-    q.Qs[(MK_QR + hh - q.h0) * QP + d] = __float2half_rn(v - __half2float(h));
+    const __half2 s = split_half(v);
+    q.Qs[(hh - q.h0) * QP + d] = __low2half(s);
+    q.Qs[(MK_QR + hh - q.h0) * QP + d] = __high2half(s);
 }
 /* A merge unit of HD threads: partials loaded through L2 (other blocks wrote them in this launch). */
 struct mk_combine {
