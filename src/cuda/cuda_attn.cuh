@@ -201,30 +201,6 @@ __device__ __forceinline__ float attn_fold(float o, float o_s, float2 w) {
     return __fmaf_rn(o_s, w.y, __fmul_rn(o, w.x));
 }
 
-/* Folds n splits' partials (HD + 2 floats each: the outputs, then m_s and l_s) into the running max *M, sum
- * *L and output *o of dimension i, in split order. */
-template <int HD>
-__device__ __forceinline__ void attn_fold_splits(float *M, float *L, float *o, const float *b, int n, int i) {
-#pragma unroll 4
-    for (int k = 0; k < n; k++, b += HD + 2) {
-        const float2 w = attn_fold_weights(M, L, b[HD], b[HD + 1]);
-        *o = attn_fold(*o, b[i], w);
-    }
-}
-/* Column k of row t's attention output (NB 32-blocks a row) from its folded o and L: quantised into fragment
- * order (xq != NULL; the calling warp holds the 32-block, a column a lane) or stored as f32 in out. */
-__device__ __forceinline__ void attn_store_out(float o, float L, int t, int k, int NB, int8_t *xq, float *xd,
-                                               float *out) {
-    const float y = __fdiv_rn(o, L);
-    if (!xq) {
-        out[(size_t)t * NB * 32 + k] = y;
-        return;
-    }
-    float d;
-    xq[frag_off(t, k, NB)] = quant_lane(y, &d);
-    if ((k & 31) == 0) xd[frag_d(t, k / 32, NB)] = d;
-}
-
 /* Splits a chunk of the merge (attn_combine_head) copies at once: its two buffers take <= 33 KB. */
 __host__ __device__ constexpr int attn_combine_chunk(int hd) {
     return hd >= 256 ? 16 : 32;
@@ -270,10 +246,22 @@ __device__ __forceinline__ void attn_combine_head(int n_heads, int h, int t, int
         grp.sync();
         const float *b = buf + (c & 1) * CH * R;
         const int n = min(ns - c * CH, CH);
-        attn_fold_splits<HD>(&M, &L, &o, b, n, i);
+#pragma unroll 4
+        for (int k = 0; k < n; k++, b += R) {
+            const float2 w = attn_fold_weights(&M, &L, b[HD], b[HD + 1]);
+            o = attn_fold(o, b[i], w);
+        }
         grp.sync(); /* the chunk's buffer is refilled next */
     }
-    attn_store_out(o, L, t, h * HD + i, NB, xq, xd, out);
+    const float y = __fdiv_rn(o, L);
+    const int k = h * HD + i;
+    if (!xq) {
+        out[(size_t)t * n_heads * HD + k] = y;
+        return;
+    }
+    float d;
+    xq[frag_off(t, k, NB)] = quant_lane(y, &d);
+    if ((i & 31) == 0) xd[frag_d(t, k / 32, NB)] = d;
 }
 
 /* o += P V for the warp's 16 queries: P's score tiles 2k, 2k + 1 (probabilities, as two f16 parts) are the A

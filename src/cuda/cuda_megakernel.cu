@@ -54,15 +54,14 @@ enum {
     MK_STAGE_W = MK_STAGE_TILES * 512,         /* their quants */
     MK_STAGE_S = MK_STAGE_TILES * 32,          /* their scale pairs */
     MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
-    MK_MERGE_FLOATS = 16 * 4 * 130,            /* the merge's chunk: 16 splits of 4 heads of 128 (33 KB) */
-    MK_MERGE_IPW = 3,                          /* 32-blocks of a KV head's merge a warp (mk_merge_kv_head) */
+    MK_CH = 16,                                /* splits the merge folds a chunk (two buffers: 16.6 KB) */
     MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile) */
     MK_TRACE = 18,                             /* phase boundaries a layer (fmc_mk_trace) */
 };
 static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 12, "8 or 12 warps a block");
 /* Named barriers (0 is __syncthreads). A phase's sub-block barriers (a product's slots, the q/k norms' and
- * the attention's groups of 64) reuse ids from 2: block-wide barriers part the phases. */
-enum { MK_BAR_ALL = 1, MK_BAR_Q8 = 15, MK_BAR_SLOT = 2 /* + slot */, MK_BAR_GRP = 2 };
+ * the attention's groups of 64, the merge's units) reuse ids from 2: block-wide barriers part the phases. */
+enum { MK_BAR_ALL = 1, MK_BAR_Q8 = 15, MK_BAR_SLOT = 2 /* + slot */, MK_BAR_GRP = 2, MK_BAR_MERGE = 2 };
 
 struct mk_mat {
     const int4 *qs;
@@ -79,7 +78,6 @@ struct mk_params {
     const mk_layer *L;                     /* [n_layers], copied into each block's shared memory */
     const unsigned short *gstart, *gcount; /* [4 products][blocks]: each block's run of groups */
     unsigned *bar;                         /* the grid barrier's arrivals (zeroed before each launch) */
-    unsigned *splits_done; /* [n_kv]: attention units done, over the layers (zeroed with bar, after it) */
     float *x, *qkv, *part;
     int8_t *xq; /* the attention's and the GLU's quantised output, fragment order */
     float *xd;
@@ -324,6 +322,15 @@ __device__ __forceinline__ void qk_store_q(const mk_q_smem<HD> &q, int, int hh, 
     q.Qs[(hh - q.h0) * QP + d] = __low2half(s);
     q.Qs[(MK_QR + hh - q.h0) * QP + d] = __high2half(s);
 }
+/* A merge unit of HD threads: partials loaded through L2 (other blocks wrote them in this launch). */
+struct mk_combine {
+    int id, n;
+    __device__ __forceinline__ void sync() const { named_sync(id, n); }
+    __device__ __forceinline__ void fetch(float *dst, const float *src, int n2, int i, int nt) const {
+        for (int k = i; k < n2; k += nt) *(float2 *)(dst + 2 * k) = __ldcg((const float2 *)(src + 2 * k));
+    }
+    template <int N> __device__ __forceinline__ void wait() const {}
+};
 
 /* The next norm's weights (dim floats) into shared memory by the copy engine, on m.nwb. Every thread orders
  * its earlier writes of the buffer (the attention's, the merge's) before the copy engine's (another proxy).
@@ -450,50 +457,11 @@ __device__ __forceinline__ q8_args mk_args(float *y, float *y2, int8_t *oq, floa
 
 #endif
 
-/* The merge of KV head g's G query heads (ns splits each), in split order as attn_combine_head folds them,
- * by the whole block: every warp takes a 32-block of the heads' outputs (a column a lane; the first warps a
- * second, and so on up to MK_MERGE_IPW), so that the heads' partials make one L2 round trip into buf (the
- * attention tiles' room: MK_MERGE_FLOATS) rather than one a head. Partials through L2: other blocks wrote
- * them in this launch. */
-template <int HD>
-__device__ __forceinline__ void mk_merge_kv_head(const mk_params &P, float *buf, int g, int G, int ns,
-                                                 int tid) {
-    constexpr int R = HD + 2, IPW = MK_MERGE_IPW;
-    const int warp = tid >> 5, lane = tid & 31, items = G * HD / 32, C = min(ns, MK_MERGE_FLOATS / (G * R));
-    float M[IPW], L[IPW], o[IPW];
-#pragma unroll
-    for (int q = 0; q < IPW; q++) M[q] = -INFINITY, L[q] = o[q] = 0.0f;
-    for (int c0 = 0; c0 < ns; c0 += C) { /* one chunk below 1,024 positions (Qwen3-4B) */
-        const int n = min(C, ns - c0), n2 = n * R / 2;
-        for (int k = tid; k < G * n2; k += MK_THREADS) {
-            const int j = k / n2, r = k - j * n2;
-            const float *src = P.part + ((size_t)(g * G + j) * P.max_splits + c0) * R;
-            ((float2 *)buf)[k] = __ldcg((const float2 *)src + r);
-        }
-        named_sync(MK_BAR_ALL, MK_THREADS);
-#pragma unroll
-        for (int q = 0; q < IPW; q++) {
-            const int it = warp + q * MK_WARPS, j = it / (HD / 32);
-            if (it < items)
-                attn_fold_splits<HD>(M + q, L + q, o + q, buf + (size_t)j * n * R, n,
-                                     it % (HD / 32) * 32 + lane);
-        }
-        named_sync(MK_BAR_ALL, MK_THREADS); /* buf is the next chunk's, or the next unit's tiles */
-    }
-#pragma unroll
-    for (int q = 0; q < IPW; q++) {
-        const int it = warp + q * MK_WARPS;
-        if (it < items)
-            attn_store_out(o[q], L[q], 0, g * G * HD + it * 32 + lane, P.n_heads * HD / 32, P.xq, P.xd, NULL);
-    }
-}
-
 template <int HD>
 __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_constant__ mk_params P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char smem[];
     const mk_smem m = mk_carve(smem, P);
-    __shared__ int merge_sh; /* whether this block's attention unit was its KV head's last */
     const int tid = threadIdx.x, warp = tid >> 5, nblk = gridDim.x;
     /* the tables into shared memory */
     for (int i = tid; i < P.n_layers * (int)sizeof(mk_layer) / 4; i += MK_THREADS)
@@ -585,20 +553,19 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                 if (a.warp * 16 < a.nq)
                     attn_split_tile<HD, MK_QR>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part);
             }
-            /* the unit's partials are out: count it in for its KV head (release); the head's last unit merges
-             * its G query heads (acquire), in split order as the merge phase did, so no grid barrier parts
-             * the merge from the attention */
-            if (tid == 0) {
-                __threadfence();
-                const unsigned done = atomicAdd(P.splits_done + g, 1u) + 1;
-                merge_sh = done == (unsigned)(l + 1) * (att_units / n_kv);
-                if (merge_sh) __threadfence();
-            }
-            named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next (or the merge's buffers) */
-            if (merge_sh) mk_merge_kv_head<HD>(P, (float *)m.scratch, g, G, att_units / n_kv, tid);
+            named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
         }
         sync(6);
-        mark(8), mark(9); /* (the merge's phase and barrier of the trace: now inside the attention's) */
+        /* merge + quantise: a head per HD threads of the first Q8_THREADS */
+        if (tid < Q8_THREADS) {
+            constexpr int UPB = Q8_THREADS / HD;
+            const int us = tid / HD;
+            float *buf = (float *)m.scratch + (size_t)us * 2 * MK_CH * (HD + 2);
+            for (int h = us * nblk + blockIdx.x; h < n_heads; h += UPB * nblk)
+                attn_combine_head<HD, MK_CH>(n_heads, h, 0, *P.pos + 1, P.max_splits, P.part, buf, P.xq, P.xd,
+                                             NULL, tid % HD, mk_combine{MK_BAR_MERGE + us, HD});
+        }
+        sync(8);
         /* wo, += x */
         mk_load_act(P.xq, P.xd, q_dim, m); /* its barrier: the merge's buffers are free for the weights */
         mk_norm_fetch(m, nws, L.ffn_norm, P.dim);
@@ -628,7 +595,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
  * scratch) and of one ring stage of every warp (with its mbarrier). */
 size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim) {
     const size_t attn = attn_smem(hd, MK_QR);
-    const size_t merge = (size_t)MK_MERGE_FLOATS * 4;
+    const size_t merge = (size_t)(Q8_THREADS / hd) * 2 * MK_CH * (hd + 2) * 4;
     const size_t norm = (size_t)2 * dim * 4; /* the next norm's weights and x's copy */
     return 16 + (size_t)max_nb * 36 + MK_RED_FLOATS * 4 + n_layers * sizeof(mk_layer) + 32 + 128 +
            std::max(std::max(attn, merge), norm);
@@ -698,8 +665,6 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     const mk_kernel kernel = mk_pick(d->hd);
     if (!kernel) return no("head_dim must be 32, 64 or 128");
     if (d->n_heads / d->n_kv > MK_QR) return no("more than 16 query heads per KV head");
-    if (d->n_heads / d->n_kv * d->hd / 32 > MK_WARPS * MK_MERGE_IPW) return no("a KV head's merge too wide");
-    if (d->n_heads / d->n_kv * (d->hd + 2) > MK_MERGE_FLOATS) return no("a KV head's merge chunk too large");
     const fmc_mk_layer &L0 = d->layers[0];
     const fmc_q8 *mats0[4] = {L0.qkv, L0.wo, L0.gu, L0.down};
     for (int l = 0; l < d->n_layers; l++) {
@@ -769,19 +734,19 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     };
     void *dl = NULL, *ds = NULL, *dc = NULL, *db = NULL;
     if (up(&dl, layers.data(), layers.size() * sizeof(mk_layer)) || up(&ds, start.data(), start.size() * 2) ||
-        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, (size_t)(1 + d->n_kv) * 4)) {
+        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4)) {
         fmc_mk_free(mk);
         snprintf(why, whylen, "cuda: out of device memory for the persistent kernel's tables");
         return -1;
     }
     p.L = (const mk_layer *)dl, p.gstart = (const unsigned short *)ds, p.gcount = (const unsigned short *)dc;
-    p.bar = (unsigned *)db, p.splits_done = p.bar + 1;
+    p.bar = (unsigned *)db;
     *out = mk;
     return 0;
 }
 
 void fmc_mk_launch(const fmc_mk *mk, cudaStream_t s) {
-    cudaMemsetAsync(mk->p.bar, 0, (size_t)(1 + mk->p.n_kv) * 4, s);
+    cudaMemsetAsync(mk->p.bar, 0, 4, s);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(mk->grid);
     cfg.blockDim = dim3(MK_THREADS);
