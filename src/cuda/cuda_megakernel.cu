@@ -43,12 +43,6 @@ namespace {
  * in turn; the phases between the products run on the first 8 (Q8_THREADS threads: the quantiser's
  * reduction order), and 12 give the 304 gate/up and 384 qkv groups of Qwen3-4B a slot each on 132 SMs, where
  * 8 left 40 and 120 of them a second round on the same warps (bench/RESULTS.md). */
-#ifndef FM_MK_KV_EARLY
-#define FM_MK_KV_EARLY 0
-#endif
-#ifndef FM_MK_ATT_TRACE
-#define FM_MK_ATT_TRACE 0
-#endif
 #ifndef FM_MK_WARPS
 #define FM_MK_WARPS 12
 #endif
@@ -544,31 +538,18 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             const int g = u % n_kv, s = u / n_kv, heads = s == att_units / n_kv - 1 ? G + 2 : G;
             for (int j = tid; j < (MK_QR - G) * QP; j += MK_THREADS) /* the unused query rows */
                 Qs[G * QP + j] = Qs[(MK_QR + G) * QP + j] = __float2half_rn(0.0f);
-#if FM_MK_KV_EARLY
-            if (warp < 2) { /* the split's cached rows now, under the norms; the new row after them */
-                const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0);
-                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 0, tid, 64, rg.pol);
-                cp_async_commit();
-            }
-#endif
             for (int j = grp; j < heads; j += MK_WARPS / 2)
                 qk_norm_rope_head(P.qkv, 0, j < G ? g * G + j : n_heads + (j - G) * n_kv + g, n_heads, n_kv,
                                   HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, mk_q_smem<HD>{Qs, g * G},
                                   L.kc, L.vc, mk_group{gtid, MK_BAR_GRP + grp, (double *)m.red + grp * 32});
             named_sync(MK_BAR_ALL, MK_THREADS); /* the queries, and this block's new key row */
-#if FM_MK_ATT_TRACE
-            if (u == (int)blockIdx.x) mark(4);
-#endif
             if (warp < 2) {
                 const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0);
-                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, FM_MK_KV_EARLY ? 1 : 2, tid, 64,
+                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 64,
                                     rg.pol); /* read once a step, as the weights */
                 cp_async_commit();
                 cp_async_wait<0>();
                 named_sync(MK_BAR_GRP, 64);
-#if FM_MK_ATT_TRACE
-                if (u == (int)blockIdx.x) mark(5);
-#endif
                 if (a.warp * 16 < a.nq)
                     attn_split_tile<HD, MK_QR>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part);
             }
