@@ -129,15 +129,15 @@ __device__ __forceinline__ void attn_load_q(const float *q, __half *Qs, int tb, 
     }
 }
 
-/* S = Q K^T for the warp's 16 queries x the 64 keys in Ks: 8 tiles of 8 keys; the B fragment of key tile n
- * is K rows n * 8 + gr, dims 16 k + 2c.. (both parts of q, f32 accumulation). */
-template <int HD, int QROWS>
+/* S = Q K^T for the warp's 16 queries x the 64 keys in Ks: 8 tiles of 8 keys (or NT of them from tile n0);
+ * the B fragment of key tile n is K rows n * 8 + gr, dims 16 k + 2c.. (both parts of q, f32 accumulation). */
+template <int HD, int QROWS, int NT = 8>
 __device__ __forceinline__ void attn_scores(const __half *Qs, const uint32_t *Ks, int warp, int lane,
-                                            float (&sc)[8][4]) {
+                                            float (&sc)[NT][4], int n0 = 0) {
     constexpr int KP = attn_kp(HD), QP = attn_vp(HD);
     const int gr = lane >> 2, c = lane & 3;
 #pragma unroll
-    for (int n = 0; n < 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+    for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
     const __half *qa = Qs + (warp * 16 + gr) * QP + 2 * c;
 #pragma unroll
     for (int k = 0; k < HD / 16; k++)
@@ -147,8 +147,8 @@ __device__ __forceinline__ void attn_scores(const __half *Qs, const uint32_t *Ks
             const uint32_t a0 = *(const uint32_t *)qp, a1 = *(const uint32_t *)(qp + 8 * QP),
                            a2 = *(const uint32_t *)(qp + 8), a3 = *(const uint32_t *)(qp + 8 * QP + 8);
 #pragma unroll
-            for (int n = 0; n < 8; n++) {
-                const uint32_t *kb = Ks + (n * 8 + gr) * KP + 8 * k + c;
+            for (int n = 0; n < NT; n++) {
+                const uint32_t *kb = Ks + ((n0 + n) * 8 + gr) * KP + 8 * k + c;
                 mma_f16(sc[n], a0, a1, a2, a3, kb[0], kb[4]);
             }
         }
@@ -264,31 +264,44 @@ __device__ __forceinline__ void attn_combine_head(int n_heads, int h, int t, int
     if ((i & 31) == 0) xd[frag_d(t, k / 32, NB)] = d;
 }
 
-/* o += P V for the warp's 16 queries: P's score tiles 2k, 2k + 1 (probabilities, as two f16 parts) are the A
- * fragment of key step k; V by ldmatrix.trans. */
+/* Key step k's A fragment of P (16 keys: score tiles s0 = 2k, s1 = 2k + 1, probabilities) as two f16 parts.
+ */
+__device__ __forceinline__ void attn_p_frags(const float (&s0)[4], const float (&s1)[4], uint32_t (&ah)[4],
+                                             uint32_t (&al)[4]) {
+    split_half2(s0[0], s0[1], &ah[0], &al[0]);
+    split_half2(s0[2], s0[3], &ah[1], &al[1]);
+    split_half2(s1[0], s1[1], &ah[2], &al[2]);
+    split_half2(s1[2], s1[3], &ah[3], &al[3]);
+}
+/* o += P_k V_k for key step k (P's fragment ah / al) into NN pairs of output tiles, dims 16 (n0 + j) ..: V by
+ * ldmatrix.trans. */
+template <int HD, int NN>
+__device__ __forceinline__ void attn_pv_step(const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                             const __half *Vs, int lane, int k, int n0,
+                                             float (&o)[2 * NN][4]) {
+    constexpr int VP = attn_vp(HD);
+    const __half *vrow = Vs + (16 * k + ((lane >> 3) & 1) * 8 + (lane & 7)) * VP + (lane >> 4) * 8;
+#pragma unroll
+    for (int j = 0; j < NN; j++) {
+        uint32_t b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"((unsigned)__cvta_generic_to_shared(vrow + 16 * (n0 + j))));
+        mma_f16(o[2 * j], ah[0], ah[1], ah[2], ah[3], b0, b1);
+        mma_f16(o[2 * j], al[0], al[1], al[2], al[3], b0, b1);
+        mma_f16(o[2 * j + 1], ah[0], ah[1], ah[2], ah[3], b2, b3);
+        mma_f16(o[2 * j + 1], al[0], al[1], al[2], al[3], b2, b3);
+    }
+}
+/* o += P V for the warp's 16 queries over the 64 keys: key step by key step. */
 template <int HD>
 __device__ __forceinline__ void attn_pv(const float (&sc)[8][4], const __half *Vs, int lane,
                                         float (&o)[HD / 8][4]) {
-    constexpr int VP = attn_vp(HD);
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         uint32_t ah[4], al[4];
-        split_half2(sc[2 * k][0], sc[2 * k][1], &ah[0], &al[0]);
-        split_half2(sc[2 * k][2], sc[2 * k][3], &ah[1], &al[1]);
-        split_half2(sc[2 * k + 1][0], sc[2 * k + 1][1], &ah[2], &al[2]);
-        split_half2(sc[2 * k + 1][2], sc[2 * k + 1][3], &ah[3], &al[3]);
-        const __half *vrow = Vs + (16 * k + ((lane >> 3) & 1) * 8 + (lane & 7)) * VP + (lane >> 4) * 8;
-#pragma unroll
-        for (int n = 0; n < HD / 16; n++) {
-            uint32_t b0, b1, b2, b3;
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                         : "r"((unsigned)__cvta_generic_to_shared(vrow + 16 * n)));
-            mma_f16(o[2 * n], ah[0], ah[1], ah[2], ah[3], b0, b1);
-            mma_f16(o[2 * n], al[0], al[1], al[2], al[3], b0, b1);
-            mma_f16(o[2 * n + 1], ah[0], ah[1], ah[2], ah[3], b2, b3);
-            mma_f16(o[2 * n + 1], al[0], al[1], al[2], al[3], b2, b3);
-        }
+        attn_p_frags(sc[2 * k], sc[2 * k + 1], ah, al);
+        attn_pv_step<HD, HD / 16>(ah, al, Vs, lane, k, 0, o);
     }
 }
 
@@ -317,14 +330,14 @@ struct attn_block {
 
 template <int HD, int QR>
 __device__ __forceinline__ attn_block attn_block_setup(int T, int n_heads, int n_kv, const int *pos,
-                                                       int causal, int g, int zb) {
+                                                       int causal, int g, int zb, int row_warp = -1) {
     attn_block a;
     a.g = g, a.G = n_heads / n_kv;
     const int rows = QR / a.G;
     a.tb = zb * rows, a.p0 = *pos;
     const int te = min(T, a.tb + rows);
     a.nq = (te - a.tb) * a.G, a.kv_dim = n_kv * HD;
-    a.lane = threadIdx.x & 31, a.warp = threadIdx.x >> 5, a.c = a.lane & 3;
+    a.lane = threadIdx.x & 31, a.warp = row_warp >= 0 ? row_warp : threadIdx.x >> 5, a.c = a.lane & 3;
     a.maxlen = causal ? a.p0 + te : a.p0 + 1; /* the longest row of the block */
     a.scale = 1.0f / sqrtf((float)HD);
 #pragma unroll
@@ -361,6 +374,101 @@ __device__ __forceinline__ void attn_split_tile(const attn_block &a, const __hal
         for (int n = 0; n < HD / 8; n++)
             *(float2 *)(out + n * 8 + 2 * a.c) = make_float2(o[n][2 * u], o[n][2 * u + 1]);
         if (a.c == 0) out[HD] = m[u], out[HD + 1] = l[u];
+    }
+}
+
+/* Floats of shared memory attn_split_tile4 exchanges through: the row maxima [4 warps][2][8], P
+ * [8 tiles][32 lanes][4], P's fragments [4 key steps][32 lanes][8 words]. */
+constexpr int ATTN_X4_FLOATS = 64 + 8 * 32 * 4 + 4 * 32 * 8;
+
+/* attn_split_tile for warp 0's 16 query rows (a: set up with row_warp 0) on 4 warps w, bit for bit: warp w
+ * scores keys 16 w .. (score tiles 2w, 2w + 1: P V's key step w), the row maxima and P meet in xs
+ * (ATTN_X4_FLOATS), each row's sum is added in attn_softmax_row's order, and warp w multiplies P by V for
+ * output tiles 2 NN w ... On one warp the tile's ~256 mma run on one of the SM's four tensor cores; the
+ * persistent step's attention units hold one tile each. bar: the 4 warps' barrier. */
+template <int HD, int QR, class BAR>
+__device__ __forceinline__ void attn_split_tile4(const attn_block &a, const __half *Qs, const uint32_t *Ks,
+                                                 const __half *Vs, int s, int n_heads, int max_splits,
+                                                 float *part, float *xs, int w, const BAR &bar) {
+    constexpr int NN = HD >= 64 ? HD / 64 : 1; /* P V's output tile pairs a warp (HD 32: warps 0 and 1) */
+    const int j0 = s * FMC_ATT_SPLIT, lane = a.lane, gr = lane >> 2, c = a.c;
+    float *xm = xs, *xp = xs + 64;
+    uint32_t *xa = (uint32_t *)(xp + 8 * 32 * 4);
+    float sc[2][4];
+    attn_scores<HD, QR, 2>(Qs, Ks, 0, lane, sc, 2 * w);
+    float m[2], l[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) { /* masked, scaled, and the maximum over the warp's keys */
+        const int nk = a.qlen[u] - j0;
+        float mu = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float v =
+                    (2 * w + t) * 8 + 2 * c + e < nk ? __fmul_rn(sc[t][2 * u + e], a.scale) : -INFINITY;
+                sc[t][2 * u + e] = v;
+                mu = fmaxf(mu, v);
+            }
+        mu = fmaxf(mu, __shfl_xor_sync(0xffffffffu, mu, 1));
+        mu = fmaxf(mu, __shfl_xor_sync(0xffffffffu, mu, 2));
+        if (c == 0) xm[(w * 2 + u) * 8 + gr] = mu;
+    }
+    bar.sync();
+#pragma unroll
+    for (int u = 0; u < 2; u++) /* (fmaxf is exact: any order gives attn_softmax_row's maximum) */
+        m[u] = fmaxf(fmaxf(xm[u * 8 + gr], xm[(2 + u) * 8 + gr]),
+                     fmaxf(xm[(4 + u) * 8 + gr], xm[(6 + u) * 8 + gr]));
+#pragma unroll
+    for (int t = 0; t < 2; t++)
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float v = sc[t][2 * u + e];
+                const float p = v == -INFINITY ? 0.0f : expf(__fsub_rn(v, m[u]));
+                sc[t][2 * u + e] = p;
+                xp[((2 * w + t) * 32 + lane) * 4 + 2 * u + e] = p;
+            }
+    {
+        uint32_t ah[4], al[4];
+        attn_p_frags(sc[0], sc[1], ah, al);
+        uint4 *d = (uint4 *)(xa + (w * 32 + lane) * 8);
+        d[0] = make_uint4(ah[0], ah[1], ah[2], ah[3]), d[1] = make_uint4(al[0], al[1], al[2], al[3]);
+    }
+    bar.sync();
+    float o[2 * NN][4];
+#pragma unroll
+    for (int n = 0; n < 2 * NN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    const bool pv = w * NN < HD / 16;
+    if (pv)
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint4 *f = (const uint4 *)(xa + (k * 32 + lane) * 8);
+            const uint4 h = f[0], lo = f[1];
+            const uint32_t ah[4] = {h.x, h.y, h.z, h.w}, al[4] = {lo.x, lo.y, lo.z, lo.w};
+            attn_pv_step<HD, NN>(ah, al, Vs, lane, k, w * NN, o);
+        }
+#pragma unroll
+    for (int u = 0; u < 2; u++) { /* the sums: tile by tile, then over the quad */
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) sum = __fadd_rn(sum, xp[(n * 32 + lane) * 4 + 2 * u + e]);
+        sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+        sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+        l[u] = sum;
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        if (a.qlen[u] <= j0) continue; /* past the row's length (or no row): the merge skips it */
+        float *out = part + (((size_t)a.qt[u] * n_heads + a.qh[u]) * max_splits + s) * (HD + 2);
+        if (pv)
+#pragma unroll
+            for (int n = 0; n < 2 * NN; n++)
+                *(float2 *)(out + (2 * w * NN + n) * 8 + 2 * c) = make_float2(o[n][2 * u], o[n][2 * u + 1]);
+        if (c == 0 && w == 0) out[HD] = m[u], out[HD + 1] = l[u];
     }
 }
 

@@ -322,6 +322,11 @@ __device__ __forceinline__ void qk_store_q(const mk_q_smem<HD> &q, int, int hh, 
     q.Qs[(hh - q.h0) * QP + d] = __low2half(s);
     q.Qs[(MK_QR + hh - q.h0) * QP + d] = __high2half(s);
 }
+/* The attention tile's 4 warps (attn_split_tile4); the products' reduction buffer is theirs meanwhile. */
+struct mk_bar4 {
+    __device__ __forceinline__ void sync() const { named_sync(MK_BAR_GRP, 128); }
+};
+static_assert(ATTN_X4_FLOATS <= MK_RED_FLOATS, "attn_split_tile4 exchanges through m.red");
 /* A merge unit of HD threads: partials loaded through L2 (other blocks wrote them in this launch). */
 struct mk_combine {
     int id, n;
@@ -543,15 +548,16 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                                   HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, mk_q_smem<HD>{Qs, g * G},
                                   L.kc, L.vc, mk_group{gtid, MK_BAR_GRP + grp, (double *)m.red + grp * 32});
             named_sync(MK_BAR_ALL, MK_THREADS); /* the queries, and this block's new key row */
-            if (warp < 2) {
-                const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0);
-                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 64,
+            if (warp < 4) {                     /* a warp on each of the SM's tensor cores */
+                const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0, 0);
+                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 128,
                                     rg.pol); /* read once a step, as the weights */
                 cp_async_commit();
                 cp_async_wait<0>();
-                named_sync(MK_BAR_GRP, 64);
-                if (a.warp * 16 < a.nq)
-                    attn_split_tile<HD, MK_QR>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part);
+                const mk_bar4 bar4 = {};
+                bar4.sync();
+                attn_split_tile4<HD, MK_QR>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part, m.red, warp,
+                                            bar4);
             }
             named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
         }
