@@ -80,20 +80,11 @@ __device__ __forceinline__ void qk_norm_rope_head(const float *qkv, int t, int h
     }
     const int is_q = hh < n_heads;
     const float *src = is_q ? row + hh * hd : row + q_dim + (hh - n_heads) * hd;
-    const float *w = is_q ? q_norm : k_norm;
-    double ss = 0;
-    for (int i = tid; i < hd; i += nt) {
-        const float v = ld_cg(src + i);
-        ss += (double)v * v;
-    }
-    ss = group_sum_d(ss, grp);
-    const float r = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
-    const float *rp = rope + (size_t)p * hd;
-    for (int i = tid; i < half; i += nt) {
-        /* pinned (no contraction), so that every kernel that inlines this rounds alike */
-        const float a = __fmul_rn(__fmul_rn(ld_cg(src + i), r), w[i]);
-        const float b = __fmul_rn(__fmul_rn(ld_cg(src + i + half), r), w[i + half]);
-        const float c = rp[2 * i], sn = rp[2 * i + 1];
+    const float *w = is_q ? q_norm : k_norm, *rp = rope + (size_t)p * hd;
+    /* elements i and i + half from their values (xa, xb), weights and rotation (c, sn), r = 1 / rms: pinned
+     * (no contraction), so that every kernel that inlines this rounds alike */
+    auto rotate = [&](int i, float xa, float xb, float wa, float wb, float c, float sn, float r) {
+        const float a = __fmul_rn(__fmul_rn(xa, r), wa), b = __fmul_rn(__fmul_rn(xb, r), wb);
         const float o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
         const float o1 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn));
         if (is_q) {
@@ -104,7 +95,25 @@ __device__ __forceinline__ void qk_norm_rope_head(const float *qkv, int t, int h
             k_cache[base + i] = __float2half_rn(o0);
             k_cache[base + i + half] = __float2half_rn(o1);
         }
+    };
+    auto rms_inv = [&](double ss) { return (float)(1.0 / sqrt(ss / (double)hd + (double)eps)); };
+    double ss = 0;
+    if (nt == half) { /* a pair a thread: its operands loaded once, before the sum's barrier (one L2 round
+                         trip, not two); the sum in the loop's order below */
+        const float xa = ld_cg(src + tid), xb = ld_cg(src + tid + half), wa = w[tid], wb = w[tid + half];
+        const float c = rp[2 * tid], sn = rp[2 * tid + 1];
+        ss += (double)xa * xa;
+        ss += (double)xb * xb;
+        rotate(tid, xa, xb, wa, wb, c, sn, rms_inv(group_sum_d(ss, grp)));
+        return;
     }
+    for (int i = tid; i < hd; i += nt) {
+        const float v = ld_cg(src + i);
+        ss += (double)v * v;
+    }
+    const float r = rms_inv(group_sum_d(ss, grp));
+    for (int i = tid; i < half; i += nt)
+        rotate(i, ld_cg(src + i), ld_cg(src + i + half), w[i], w[i + half], rp[2 * i], rp[2 * i + 1], r);
 }
 
 /* Queries [0, nrows) of the block (rows past nq zeroed) into Qs as hi / lo parts. Query i is head
