@@ -15,8 +15,8 @@
  * order, so steps here equal verify rows bit for bit (test_cuda_parity): a product's unit is one warp's
  * (tile, K share) of the matrix's split (fmc_split: acc = fma(isum, dw * dx, acc) along the share, the w
  * shares added in order, kc = 1), the GLU and store epilogues are q8_glu_out / q8_out / q8_out_add, the
- * norms are q8_quant_row_src, qk_norm_rope_head and attn_combine_head, and attention runs attn_split_tile per
- * 64-key split.
+ * norms are q8_quant_row_src, qk_norm_rope_head and attn_combine_head, and attention runs attn_split_tile's
+ * arithmetic per 64-key split (attn_split_tile4: the same tile on 4 warps).
  *
  * Per layer: [RMSNorm + quantise x, every block for itself] [qkv] | [attention splits, each after its heads'
  * q/k norms, RoPE and KV write] | [merge + quantise] | [wo, += x] | [RMSNorm + quantise] [gate/up + SiLU * up
@@ -55,7 +55,7 @@ enum {
     MK_STAGE_S = MK_STAGE_TILES * 32,          /* their scale pairs */
     MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
     MK_CH = 16,                                /* splits the merge folds a chunk (two buffers: 16.6 KB) */
-    MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile) */
+    MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile4) */
     MK_TRACE = 18,                             /* phase boundaries a layer (fmc_mk_trace) */
 };
 static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 12, "8 or 12 warps a block");
@@ -187,7 +187,7 @@ struct mk_smem {
     uint64_t *nwb;                  /* the norm weights' copy */
     unsigned char *xs;              /* the product's activations, token 0's 32 quants a 32-block */
     float *ds;                      /* and their scales */
-    float *red;                     /* MK_RED_FLOATS: warps' sums, the GLU's rows, the head norms' sums */
+    float *red;                     /* MK_RED_FLOATS: warps' and head norms' sums, GLU rows, attention's P */
     mk_layer *L;                    /* [n_layers] */
     unsigned short *gs, *gc;        /* [4] */
     unsigned char *scratch;         /* attention split / merge; between them x and the next norm's weights */
@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                                   HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, mk_q_smem<HD>{Qs, g * G},
                                   L.kc, L.vc, mk_group{gtid, MK_BAR_GRP + grp, (double *)m.red + grp * 32});
             named_sync(MK_BAR_ALL, MK_THREADS); /* the queries, and this block's new key row */
-            if (warp < 4) {                     /* a warp on each of the SM's tensor cores */
+            if (warp < 4) { /* the tile on 4 warps: one on each of the SM's tensor cores */
                 const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0, 0);
                 attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 128,
                                     rg.pol); /* read once a step, as the weights */
