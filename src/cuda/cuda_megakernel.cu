@@ -297,9 +297,11 @@ struct mk_norm_src {
     __device__ __forceinline__ float4 x4(int i) const { return *(const float4 *)(xs + i); }
     __device__ __forceinline__ float4 w4(int i) const { return *(const float4 *)(nw + i); }
 };
-/* The quantiser's threads (the first Q8_THREADS). */
-struct mk_q8_bar {
-    __device__ __forceinline__ void sync() const { named_sync(MK_BAR_Q8, Q8_THREADS); }
+/* A named barrier of n threads: the quantiser's (MK_BAR_Q8, the first Q8_THREADS), the attention tile's 4
+ * warps (attn_split_tile4), a merge unit's (mk_combine). */
+struct mk_bar {
+    int id, n;
+    __device__ __forceinline__ void sync() const { named_sync(id, n); }
 };
 /* A group of 64 threads (qk_norm_rope_head, the attention's units). */
 struct mk_group {
@@ -322,15 +324,10 @@ __device__ __forceinline__ void qk_store_q(const mk_q_smem<HD> &q, int, int hh, 
     q.Qs[(hh - q.h0) * QP + d] = __low2half(s);
     q.Qs[(MK_QR + hh - q.h0) * QP + d] = __high2half(s);
 }
-/* The attention tile's 4 warps (attn_split_tile4); the products' reduction buffer is theirs meanwhile. */
-struct mk_bar4 {
-    __device__ __forceinline__ void sync() const { named_sync(MK_BAR_GRP, 128); }
-};
+/* (the attention tile's exchange: the products' reduction buffer is free meanwhile) */
 static_assert(ATTN_X4_FLOATS <= MK_RED_FLOATS, "attn_split_tile4 exchanges through m.red");
 /* A merge unit of HD threads: partials loaded through L2 (other blocks wrote them in this launch). */
-struct mk_combine {
-    int id, n;
-    __device__ __forceinline__ void sync() const { named_sync(id, n); }
+struct mk_combine : mk_bar {
     __device__ __forceinline__ void fetch(float *dst, const float *src, int n2, int i, int nt) const {
         for (int k = i; k < n2; k += nt) *(float2 *)(dst + 2 * k) = __ldcg((const float2 *)(src + 2 * k));
     }
@@ -524,7 +521,8 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             mk_wait(m.nwb, nph);
             nph ^= 1;
             if (tid < Q8_THREADS)
-                q8_quant_row_src(mk_norm_src{P.x, xst, nws}, P.eps, P.dim, sink, mk_q8_bar{});
+                q8_quant_row_src(mk_norm_src{P.x, xst, nws}, P.eps, P.dim, sink,
+                                 mk_bar{MK_BAR_Q8, Q8_THREADS});
             if ((int)MK_THREADS > (int)Q8_THREADS)
                 named_sync(MK_BAR_ALL, MK_THREADS); /* the products read it */
         };
@@ -554,7 +552,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                                     rg.pol); /* read once a step, as the weights */
                 cp_async_commit();
                 cp_async_wait<0>();
-                const mk_bar4 bar4 = {};
+                const mk_bar bar4 = {MK_BAR_GRP, 128};
                 bar4.sync();
                 attn_split_tile4<HD, MK_QR>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part, m.red, warp,
                                             bar4);
@@ -569,7 +567,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             float *buf = (float *)m.scratch + (size_t)us * 2 * MK_CH * (HD + 2);
             for (int h = us * nblk + blockIdx.x; h < n_heads; h += UPB * nblk)
                 attn_combine_head<HD, MK_CH>(n_heads, h, 0, *P.pos + 1, P.max_splits, P.part, buf, P.xq, P.xd,
-                                             NULL, tid % HD, mk_combine{MK_BAR_MERGE + us, HD});
+                                             NULL, tid % HD, mk_combine{{MK_BAR_MERGE + us, HD}});
         }
         sync(8);
         /* wo, += x */
