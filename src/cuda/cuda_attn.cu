@@ -79,6 +79,33 @@ int fmc_attn_long_form(int T, int n_heads, int n_kv) {
  * The two kernels below differ only in how a split reaches shared memory (the per-query code,
  * attn_split_tile, is in cuda_attn.cuh). */
 
+/* Whether a split block spreads its tiles over its warps (attn_tile_spread): the short form's blocks (8 warps
+ * for up to 128 queries, of which a verify block of 8 rows fills 2 tiles), up to 128 dims (a head of 256
+ * would leave no shared memory for the exchange). */
+__host__ __device__ constexpr bool attn_spreads(int hd, int qr) {
+    return qr == ATT_QROWS && hd <= 128;
+}
+
+/* Tiles [0, tiles) of a split block on KW warps each (warp w: tile w / KW, its part w % KW), by
+ * attn_split_tile_kw through xs (ATTN_XS_FLOATS a tile), with named barrier 1 + tile for each tile's warps.
+ */
+struct attn_tile_bar {
+    int id, n;
+    __device__ __forceinline__ void sync() const {
+        asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+    }
+};
+template <int HD, int QR, int KW>
+__device__ __forceinline__ void attn_tile_spread(int T, int n_heads, int n_kv, const int *pos, int causal,
+                                                 const __half *Qs, const uint32_t *Ks, const __half *Vs,
+                                                 int s, int max_splits, float *part, float *xs, int tiles) {
+    const int warp = threadIdx.x >> 5, rw = warp / KW;
+    if (rw >= tiles) return;
+    const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, pos, causal, blockIdx.y, blockIdx.z, rw);
+    attn_split_tile_kw<HD, QR, KW>(a, Qs, Ks, Vs, s, n_heads, max_splits, part, xs + rw * ATTN_XS_FLOATS,
+                                   warp % KW, attn_tile_bar{1 + rw, KW * 32});
+}
+
 /* Loads through registers: all of a round's 16-byte loads in flight at once, then stored. */
 template <int HD, int QR, int NW>
 __global__ void __launch_bounds__(NW * 32, 1)
@@ -96,6 +123,9 @@ __global__ void __launch_bounds__(NW * 32, 1)
      * the first split's rows below it load before the predecessor (which writes rows pos ..) is done. */
     const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, pos, causal, blockIdx.y, blockIdx.z);
     const bool busy = a.warp * 16 < a.nq;
+    /* the short form's blocks spread a few tiles over their warps, exchanging through xs */
+    const int tiles = attn_spreads(HD, QR) ? (a.nq + 15) / 16 : NW;
+    float *xs = (float *)(smem + attn_smem(HD, QR));
     bool waited = false;
     for (int s = blockIdx.x; s < max_splits; s += gridDim.x) {
         const int j0 = s * FMC_ATT_SPLIT;
@@ -134,7 +164,14 @@ __global__ void __launch_bounds__(NW * 32, 1)
             }
         }
         __syncthreads();
-        if (busy) attn_split_tile<HD, QR>(a, Qs, Ks, Vs, s, n_heads, max_splits, part);
+        if (tiles * 4 <= NW) /* a verify block of up to 32 / G rows: 4 warps a tile */
+            attn_tile_spread<HD, QR, 4>(T, n_heads, n_kv, pos, causal, Qs, Ks, Vs, s, max_splits, part, xs,
+                                        tiles);
+        else if (tiles * 2 <= NW)
+            attn_tile_spread<HD, QR, 2>(T, n_heads, n_kv, pos, causal, Qs, Ks, Vs, s, max_splits, part, xs,
+                                        tiles);
+        else if (busy)
+            attn_split_tile<HD, QR>(a, Qs, Ks, Vs, s, n_heads, max_splits, part);
         __syncthreads(); /* Ks / Vs are rewritten by the next split */
     }
     if (!waited) pdl_wait();
@@ -218,11 +255,18 @@ int fmc_attn_head_dim_ok(int hd) {
     return attn_pick(hd, k_attn_short) != NULL;
 }
 
+/* attn_smem and, where the blocks spread their tiles, the tiles' exchange room (attn_tile_spread: up to
+ * ATT_WARPS / 2 tiles of 2 warps) */
+static size_t attn_split_smem(int hd, attn_shape sh) {
+    return attn_smem(hd, sh.qr) +
+           (attn_spreads(hd, sh.qr) ? (size_t)(ATT_WARPS / 2) * ATTN_XS_FLOATS * 4 : 0);
+}
+
 int fmc_attn_init(void) {
     for (int hd = 16; hd <= 256; hd *= 2)
         for (const attn_shape &sh : k_attn_long)
             if (cudaFuncSetAttribute(attn_pick(hd, sh), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)attn_smem(hd, sh.qr)) != cudaSuccess)
+                                     (int)attn_split_smem(hd, sh)) != cudaSuccess)
                 return -1;
     return attn_prefill_init();
 }
@@ -242,7 +286,7 @@ static void attention(const float *q, int T, int n_heads, int n_kv, int hd, cons
     const attn_shape sh = attn_shape_for(T, G, form);
     const int rows = sh.qr / G;
     fmc_launch(attn_pick(hd, sh), dim3(std::min(max_splits, sh.blocks), n_kv, (T + rows - 1) / rows),
-               dim3(sh.nw * 32), attn_smem(hd, sh.qr), s, pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos,
+               dim3(sh.nw * 32), attn_split_smem(hd, sh), s, pdl, q, T, n_heads, n_kv, k_cache, v_cache, pos,
                causal, max_splits, part);
     const combine_kernel combine = attn_by_hd<combine_kernel>(
         hd, [](auto c) -> combine_kernel { return k_attn_combine<decltype(c)::value>; });

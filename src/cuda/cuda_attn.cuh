@@ -316,7 +316,7 @@ __device__ __forceinline__ void attn_pv(const float (&sc)[8][4], const __half *V
 
 /* Shared memory of a split block (and of the persistent step's attention units): K [64][attn_kp] half2
  * words, V [64][attn_vp] halves, the block's query rows as two f16 parts [2][qr][attn_vp]. */
-static inline size_t attn_smem(int hd, int qr) {
+__host__ __device__ inline size_t attn_smem(int hd, int qr) {
     return (size_t)FMC_ATT_SPLIT * attn_kp(hd) * 4 + (size_t)FMC_ATT_SPLIT * attn_vp(hd) * 2 +
            (size_t)2 * qr * attn_vp(hd) * 2;
 }
@@ -386,50 +386,54 @@ __device__ __forceinline__ void attn_split_tile(const attn_block &a, const __hal
     }
 }
 
-/* Floats of shared memory attn_split_tile4 exchanges through: the row maxima [4 warps][2][8], P
+/* Floats of shared memory attn_split_tile_kw exchanges through: the row maxima [KW warps][2][8], P
  * [8 tiles][32 lanes][4], P's fragments [4 key steps][32 lanes][8 words]. */
-constexpr int ATTN_X4_FLOATS = 64 + 8 * 32 * 4 + 4 * 32 * 8;
+constexpr int ATTN_XS_FLOATS = 4 * 2 * 8 + 8 * 32 * 4 + 4 * 32 * 8;
 
-/* attn_split_tile for warp 0's 16 query rows (a: set up with row_warp 0) on 4 warps w, bit for bit: warp w
- * scores keys 16 w .. (score tiles 2w, 2w + 1: P V's key step w), the row maxima and P meet in xs
- * (ATTN_X4_FLOATS), each row's sum is added in attn_softmax_row's order, and warp w multiplies P by V for
- * output tiles 2 NN w ... On one warp the tile's ~256 mma run on one of the SM's four tensor cores; the
- * persistent step's attention units hold one tile each. bar: the 4 warps' barrier. */
-template <int HD, int QR, class BAR>
-__device__ __forceinline__ void attn_split_tile4(const attn_block &a, const __half *Qs, const uint32_t *Ks,
-                                                 const __half *Vs, int s, int n_heads, int max_splits,
-                                                 float *part, float *xs, int w, const BAR &bar) {
-    constexpr int NN = HD >= 64 ? HD / 64 : 1; /* P V's output tile pairs a warp (HD 32: warps 0 and 1) */
+/* attn_split_tile for one 16-row tile of queries (a: set up with its warp as row_warp) on KW = 2 or 4 warps
+ * kw, bit for bit: warp kw scores keys 64 / KW kw .. (score tiles 8 / KW kw .., P V's key steps 4 / KW kw
+ * ..), the row maxima and P meet in xs (ATTN_XS_FLOATS), each row's sum is added in attn_softmax_row's order,
+ * and warp kw multiplies P by V (all key steps, in order) for its share of the output tiles. On one warp the
+ * tile's ~256 mma run on one of the SM's four tensor cores. bar: the KW warps' barrier. */
+template <int HD, int QR, int KW, class BAR>
+__device__ __forceinline__ void attn_split_tile_kw(const attn_block &a, const __half *Qs, const uint32_t *Ks,
+                                                   const __half *Vs, int s, int n_heads, int max_splits,
+                                                   float *part, float *xs, int kw, const BAR &bar) {
+    static_assert(KW == 2 || KW == 4, "2 or 4 warps a tile");
+    constexpr int NT = 8 / KW;                              /* score tiles a warp */
+    constexpr int NN = HD / 16 / KW > 0 ? HD / 16 / KW : 1; /* P V's output tile pairs a warp */
     const int j0 = s * FMC_ATT_SPLIT, lane = a.lane, gr = lane >> 2, c = a.c;
-    float *xm = xs, *xp = xs + 64;
+    float *xm = xs, *xp = xs + 4 * 2 * 8;
     uint32_t *xa = (uint32_t *)(xp + 8 * 32 * 4);
-    float sc[2][4];
-    attn_scores<HD, QR, 2>(Qs, Ks, 0, lane, sc, 2 * w);
+    float sc[NT][4];
+    attn_scores<HD, QR, NT>(Qs, Ks, a.warp, lane, sc, NT * kw);
     float m[2], l[2];
 #pragma unroll
     for (int u = 0; u < 2; u++) { /* masked, scaled, and the maximum over the warp's keys */
         const int nk = a.qlen[u] - j0;
         float mu = -INFINITY;
 #pragma unroll
-        for (int t = 0; t < 2; t++)
+        for (int t = 0; t < NT; t++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const float v =
-                    (2 * w + t) * 8 + 2 * c + e < nk ? __fmul_rn(sc[t][2 * u + e], a.scale) : -INFINITY;
+                    (NT * kw + t) * 8 + 2 * c + e < nk ? __fmul_rn(sc[t][2 * u + e], a.scale) : -INFINITY;
                 sc[t][2 * u + e] = v;
                 mu = fmaxf(mu, v);
             }
         mu = fmaxf(mu, __shfl_xor_sync(0xffffffffu, mu, 1));
         mu = fmaxf(mu, __shfl_xor_sync(0xffffffffu, mu, 2));
-        if (c == 0) xm[(w * 2 + u) * 8 + gr] = mu;
+        if (c == 0) xm[(kw * 2 + u) * 8 + gr] = mu;
     }
     bar.sync();
 #pragma unroll
-    for (int u = 0; u < 2; u++) /* (fmaxf is exact: any order gives attn_softmax_row's maximum) */
-        m[u] = fmaxf(fmaxf(xm[u * 8 + gr], xm[(2 + u) * 8 + gr]),
-                     fmaxf(xm[(4 + u) * 8 + gr], xm[(6 + u) * 8 + gr]));
+    for (int u = 0; u < 2; u++) { /* (fmaxf is exact: any order gives attn_softmax_row's maximum) */
+        m[u] = xm[u * 8 + gr];
 #pragma unroll
-    for (int t = 0; t < 2; t++)
+        for (int q = 1; q < KW; q++) m[u] = fmaxf(m[u], xm[(q * 2 + u) * 8 + gr]);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++)
 #pragma unroll
         for (int u = 0; u < 2; u++)
 #pragma unroll
@@ -437,26 +441,27 @@ __device__ __forceinline__ void attn_split_tile4(const attn_block &a, const __ha
                 const float v = sc[t][2 * u + e];
                 const float p = v == -INFINITY ? 0.0f : expf(__fsub_rn(v, m[u]));
                 sc[t][2 * u + e] = p;
-                xp[((2 * w + t) * 32 + lane) * 4 + 2 * u + e] = p;
+                xp[((NT * kw + t) * 32 + lane) * 4 + 2 * u + e] = p;
             }
-    {
+#pragma unroll
+    for (int j = 0; j < NT / 2; j++) {
         uint32_t ah[4], al[4];
-        attn_p_frags(sc[0], sc[1], ah, al);
-        uint4 *d = (uint4 *)(xa + (w * 32 + lane) * 8);
+        attn_p_frags(sc[2 * j], sc[2 * j + 1], ah, al);
+        uint4 *d = (uint4 *)(xa + ((NT / 2 * kw + j) * 32 + lane) * 8);
         d[0] = make_uint4(ah[0], ah[1], ah[2], ah[3]), d[1] = make_uint4(al[0], al[1], al[2], al[3]);
     }
     bar.sync();
     float o[2 * NN][4];
 #pragma unroll
     for (int n = 0; n < 2 * NN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    const bool pv = w * NN < HD / 16;
+    const bool pv = kw * NN < HD / 16; /* (HD 32 on 4 warps: warps 0 and 1) */
     if (pv)
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const uint4 *f = (const uint4 *)(xa + (k * 32 + lane) * 8);
             const uint4 h = f[0], lo = f[1];
             const uint32_t ah[4] = {h.x, h.y, h.z, h.w}, al[4] = {lo.x, lo.y, lo.z, lo.w};
-            attn_pv_step<HD, NN>(ah, al, Vs, lane, k, w * NN, o);
+            attn_pv_step<HD, NN>(ah, al, Vs, lane, k, kw * NN, o);
         }
 #pragma unroll
     for (int u = 0; u < 2; u++) { /* the sums: tile by tile, then over the quad */
@@ -476,8 +481,8 @@ __device__ __forceinline__ void attn_split_tile4(const attn_block &a, const __ha
         if (pv)
 #pragma unroll
             for (int n = 0; n < 2 * NN; n++)
-                *(float2 *)(out + (2 * w * NN + n) * 8 + 2 * c) = make_float2(o[n][2 * u], o[n][2 * u + 1]);
-        if (c == 0 && w == 0) out[HD] = m[u], out[HD + 1] = l[u];
+                *(float2 *)(out + (2 * kw * NN + n) * 8 + 2 * c) = make_float2(o[n][2 * u], o[n][2 * u + 1]);
+        if (c == 0 && kw == 0) out[HD] = m[u], out[HD + 1] = l[u];
     }
 }
 

@@ -16,7 +16,7 @@
  * (tile, K share) of the matrix's split (fmc_split: acc = fma(isum, dw * dx, acc) along the share, the w
  * shares added in order, kc = 1), the GLU and store epilogues are q8_glu_out / q8_out / q8_out_add, the
  * norms are q8_quant_row_src, qk_norm_rope_head and attn_combine_head, and attention runs attn_split_tile's
- * arithmetic per 64-key split (attn_split_tile4: the same tile on 4 warps).
+ * arithmetic per 64-key split (attn_split_tile_kw: the same tile on 4 warps).
  *
  * Per layer: [RMSNorm + quantise x, every block for itself] [qkv] | [attention splits, each after its heads'
  * q/k norms, RoPE and KV write] | [merge + quantise] | [wo, += x] | [RMSNorm + quantise] [gate/up + SiLU * up
@@ -55,7 +55,7 @@ enum {
     MK_STAGE_S = MK_STAGE_TILES * 32,          /* their scale pairs */
     MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
     MK_CH = 16,                                /* splits the merge folds a chunk (two buffers: 16.6 KB) */
-    MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile4) */
+    MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile_kw) */
     MK_TRACE = 18,                             /* phase boundaries a layer (fmc_mk_trace) */
 };
 static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 12, "8 or 12 warps a block");
@@ -298,7 +298,7 @@ struct mk_norm_src {
     __device__ __forceinline__ float4 w4(int i) const { return *(const float4 *)(nw + i); }
 };
 /* A named barrier of n threads: the quantiser's (MK_BAR_Q8, the first Q8_THREADS), the attention tile's 4
- * warps (attn_split_tile4), a merge unit's (mk_combine). */
+ * warps (attn_split_tile_kw), a merge unit's (mk_combine). */
 struct mk_bar {
     int id, n;
     __device__ __forceinline__ void sync() const { named_sync(id, n); }
@@ -325,7 +325,7 @@ __device__ __forceinline__ void qk_store_q(const mk_q_smem<HD> &q, int, int hh, 
     q.Qs[(MK_QR + hh - q.h0) * QP + d] = __high2half(s);
 }
 /* (the attention tile's exchange: the products' reduction buffer is free meanwhile) */
-static_assert(ATTN_X4_FLOATS <= MK_RED_FLOATS, "attn_split_tile4 exchanges through m.red");
+static_assert(ATTN_XS_FLOATS <= MK_RED_FLOATS, "attn_split_tile_kw exchanges through m.red");
 /* A merge unit of HD threads: partials loaded through L2 (other blocks wrote them in this launch). */
 struct mk_combine : mk_bar {
     __device__ __forceinline__ void fetch(float *dst, const float *src, int n2, int i, int nt) const {
@@ -554,8 +554,8 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                 cp_async_wait<0>();
                 const mk_bar bar4 = {MK_BAR_GRP, 128};
                 bar4.sync();
-                attn_split_tile4<HD, MK_QR>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part, m.red, warp,
-                                            bar4);
+                attn_split_tile_kw<HD, MK_QR, 4>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part, m.red, warp,
+                                                 bar4);
             }
             named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
         }
