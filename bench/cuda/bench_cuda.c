@@ -347,20 +347,34 @@ int main(int argc, char **argv) {
     int mk_stages = 0;
     const char *mk = fm_cuda_debug_mega(gb, &mk_stages);
     printf("RESULT persistent step kernel: %s (%d ring stages of 4 tiles a warp)\n", mk, mk_stages);
+    int mkv_rows = 0;
+    const char *mkv = fm_cuda_debug_mega_verify(gb, &mkv_rows);
+    printf("RESULT persistent verify blocks: %s (2..%d rows)\n", mkv, mkv_rows);
     if (getenv("FM_BENCH_MEGA_TRACE") && mk_stages) { /* where a persistent step's time goes */
         static const char *phase[18] = {"norm",    "qkv",     "barrier", "q/k norm", "barrier", "attention",
                                         "barrier", "merge",   "barrier", "act load", "wo",      "barrier",
                                         "norm",    "gate/up", "barrier", "act load", "down",    "barrier"};
         double us[3 * 18 + 8], tot = 0;
+        /* FM_BENCH_MEGA_TRACE=verify: verify(8) blocks' instead */
+        const int vb = !strcmp(getenv("FM_BENCH_MEGA_TRACE"), "verify");
         fm_cuda_debug_set_mega(gb, 1);
-        fm_cuda_debug_mega_trace(gb, 1, NULL);
-        if (plain_steps(&G, NP, &next, ts, 16, err, sizeof err) || fm_cuda_debug_mega_trace(gb, 1, us) != 18)
+        if (fm_cuda_debug_mega_trace(gb, vb ? 2 : 1, NULL)) return fprintf(stderr, "trace: none\n"), 1;
+        for (int i = 0; vb && i < 16; i++) {
+            const double a = hx_now();
+            if (G.eval(G.ctx, prompt + NP, 8, 1, am, err, sizeof err))
+                return fprintf(stderr, "verify: %s\n", err), 1;
+            ts[i] = hx_now() - a;
+            G.rewind(G.ctx, NP);
+        }
+        if ((!vb && plain_steps(&G, NP, &next, ts, 16, err, sizeof err)) ||
+            fm_cuda_debug_mega_trace(gb, 1, us) != 18)
             return fprintf(stderr, "trace: %s\n", err), 1;
         for (int i = 0; i < 18; i++) tot += us[i];
         for (int i = 0; i < 18; i++) /* block 0's, then the slowest and the fastest block's */
             printf("RESULT mega phase %-10s %7.2f us (blocks %.2f-%.2f)\n", phase[i], us[i], us[36 + i],
                    us[18 + i]);
-        printf("RESULT mega layer %.2f us (block 0's clock; step %.3f ms)\n", tot, median(ts, 16) * 1e3);
+        printf("RESULT mega layer %.2f us (block 0's clock; %s %.3f ms)\n", tot, vb ? "verify(8)" : "step",
+               median(ts, 16) * 1e3);
         /* each product's time in a block by the block's groups of it (the SM's speed shows as the spread
          * among blocks of the same load); FM_BENCH_MEGA_BLOCKS=1 prints every block's phases and SM too */
         enum { MAXB = 1024 };

@@ -102,10 +102,12 @@ struct fm_cuda_backend {
     int32_t *h_hist;            /* [hist_cap]: the history and the final draft slots */
     int hist_cap;
     /* the one-token forward in one persistent launch (cuda_megakernel.cu; NULL where the device or the
-     * model cannot take it, mk_why says why), used for steps by use_mk (MK_OFF, MK_ALWAYS, MK_SHORT) */
-    fmc_mk *mk;
-    int use_mk;
-    char mk_why[160];
+     * model cannot take it, mk_why says why), used for steps by use_mk (MK_OFF, MK_ALWAYS, MK_SHORT); and
+     * its instance for verify blocks of 2 .. fmc_mk_max_tokens rows (mkv, mkv_why), by the same rule
+     * unless use_mkv is 0 (FMC_MEGA_VERIFY=0) */
+    fmc_mk *mk, *mkv;
+    int use_mk, use_mkv, trace_verify; /* trace_verify: the phase clock is the verify instance's */
+    char mk_why[160], mkv_why[160];
     /* graphs, programmatic dependent launch */
     int use_graphs, use_pdl, n_graphs;
     double warm_ms; /* the graphs captured at creation (warm_graphs) took this long */
@@ -482,6 +484,7 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
         for (cudaGraphExec_t &e : shape)
             if (e) cudaGraphExecDestroy(e);
     fmc_mk_free(b->mk);
+    fmc_mk_free(b->mkv);
     if (b->allocs)
         for (void *p : *b->allocs) cudaFree(p);
     delete b->allocs;
@@ -608,6 +611,13 @@ enum { MK_OFF, MK_ALWAYS, MK_SHORT };
 static int mk_step(const fm_cuda_backend *b) {
     return b->use_mk == MK_ALWAYS || (b->use_mk == MK_SHORT && graph_form(b, 1) == FMC_ATT_SHORT);
 }
+/* Whether a forward of T rows runs as one persistent launch: a step, or a verify block by the same rule
+ * where the verify instance takes T rows. */
+static int mk_forward(const fm_cuda_backend *b, int T) {
+    if (T == 1) return mk_step(b);
+    if (!b->mkv || !b->use_mkv || T > fmc_mk_max_tokens(b->mkv)) return 0;
+    return b->use_mk == MK_ALWAYS || (b->use_mk == MK_SHORT && graph_form(b, T) == FMC_ATT_SHORT);
+}
 
 /* ---- the target forward: a fixed kernel sequence for T rows (graph-capturable) ---- */
 
@@ -621,8 +631,8 @@ static void target_forward(fm_cuda_backend *b, int T, int mode) {
     if (mode != MODE_NONE) cudaMemsetAsync(b->d_am, 0, (size_t)rows * 8, s);
     fmc_embed_q8(&b->tok, b->d_ids, T, b->x, s);
     const fmc_q8_in xq_in = {b->xq1, b->xd1, NULL, 0, NULL, 0.f};
-    const int persistent = T == 1 && mk_step(b);
-    if (persistent) fmc_mk_launch(b->mk, s);
+    const int persistent = mk_forward(b, T);
+    if (persistent) fmc_mk_launch(T == 1 ? b->mk : b->mkv, T, s);
     for (int l = 0; l < b->n_layers && !persistent; l++) {
         const dlayer_t *L = &b->L[l];
         __half *kc = b->kc + (size_t)l * b->n_ctx * b->kv_dim, *vc = b->vc + (size_t)l * b->n_ctx * b->kv_dim;
@@ -1150,8 +1160,42 @@ static int warm_graphs(fm_cuda_backend *b, char *err, size_t errlen) {
     return 0;
 }
 
-/* The persistent one-token forward, where the device and the model take it and its graph can be captured
- * (cooperative launches in graphs): FMC_MEGA=1 turns it on for steps (fm_cuda_debug_set_mega for tests). */
+/* An instance of the persistent forward for up to `tokens` rows into *out, where the device and the model
+ * take it and a graph of it can be captured (cooperative launches in graphs): a graph of T rows with it,
+ * never launched here, as a cooperative launch or else a plain one. 0 with *out NULL and why set where it
+ * cannot; -1 on an error. */
+static int mk_instance(fm_cuda_backend *b, const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen,
+                       char *err, size_t errlen) {
+    const int rc = fmc_mk_create(d, out, why, whylen);
+    if (rc < 0) return fail(err, errlen, why);
+    if (rc > 0) return 0;
+    const int T = std::min(fmc_mk_max_tokens(*out), b->max_eval);
+    if (d->tokens > 1 && T < 2) {
+        snprintf(why, whylen, "verify blocks of one row");
+        fmc_mk_free(*out);
+        *out = NULL;
+        return 0;
+    }
+    cudaGraphExec_t ge;
+    char e2[256];
+    int ok = 0;
+    for (int coop = 1; coop >= 0 && !ok; coop--) {
+        fmc_mk_set_cooperative(*out, coop);
+        ok = !capture(b, target_forward, T, T == 1 ? MODE_LAST : MODE_ALL, &ge, e2, sizeof e2);
+        if (ok) cudaGraphExecDestroy(ge);
+        cudaGetLastError();
+    }
+    if (!ok) {
+        snprintf(why, whylen, "not capturable in a graph: %.120s", e2);
+        fmc_mk_free(*out);
+        *out = NULL;
+    }
+    return 0;
+}
+
+/* The persistent forward for steps and for verify blocks: FMC_MEGA=1 turns it on for every one, 0 off (else
+ * in the short attention form); FMC_MEGA_VERIFY=0 keeps verify blocks on the kernels (fm_cuda_debug_set_mega
+ * for tests). */
 static int create_megakernel(fm_cuda_backend *b, char *err, size_t errlen) {
     std::vector<fmc_mk_layer> L(b->n_layers);
     for (int l = 0; l < b->n_layers; l++) {
@@ -1168,29 +1212,17 @@ static int create_megakernel(fm_cuda_backend *b, char *err, size_t errlen) {
                 b->vc + (size_t)l * b->n_ctx * b->kv_dim,
                 b->cap_slot[l] >= 0 ? b->feat + (size_t)b->cap_slot[l] * b->dim : NULL};
     }
-    const fmc_mk_desc d = {b->n_layers, b->dim, b->n_heads, b->n_kv, b->hd,  b->ffn, b->max_splits, b->eps,
-                           L.data(),    b->x,   b->qkv,     b->part, b->xq1, b->xd1, b->rope,       b->d_pos};
-    const int rc = fmc_mk_create(&d, &b->mk, b->mk_why, sizeof b->mk_why);
-    if (rc < 0) return fail(err, errlen, b->mk_why);
-    if (rc > 0) return 0;
-    /* a step's graph with it (never launched here), as a cooperative launch or else a plain one */
-    cudaGraphExec_t ge;
-    b->use_mk = MK_ALWAYS;
-    char e2[256];
-    int ok = 0;
-    for (int coop = 1; coop >= 0 && !ok; coop--) {
-        fmc_mk_set_cooperative(b->mk, coop);
-        ok = !capture(b, target_forward, 1, MODE_LAST, &ge, e2, sizeof e2);
-        if (ok) cudaGraphExecDestroy(ge);
-        cudaGetLastError();
-    }
-    if (!ok) {
-        snprintf(b->mk_why, sizeof b->mk_why, "not capturable in a graph: %.120s", e2);
-        fmc_mk_free(b->mk);
-        b->mk = NULL;
-    }
-    const char *e = getenv("FMC_MEGA"); /* 0: never, 1: every step (experiments, tests) */
+    fmc_mk_desc d = {b->n_layers, b->dim,   b->n_heads, b->n_kv, b->hd,   b->ffn, b->max_splits,
+                     b->eps,      L.data(), b->x,       b->qkv,  b->part, b->q,   b->xq1,
+                     b->xd1,      b->rope,  b->d_pos,   1,       b->fw};
+    b->use_mk = MK_ALWAYS, b->use_mkv = 1; /* (the graphs mk_instance captures take them) */
+    if (mk_instance(b, &d, &b->mk, b->mk_why, sizeof b->mk_why, err, errlen)) return -1;
+    d.tokens = 8;
+    if (b->mk && mk_instance(b, &d, &b->mkv, b->mkv_why, sizeof b->mkv_why, err, errlen)) return -1;
+    if (!b->mk) snprintf(b->mkv_why, sizeof b->mkv_why, "no persistent step");
+    const char *e = getenv("FMC_MEGA"), *ev = getenv("FMC_MEGA_VERIFY");
     b->use_mk = !b->mk ? MK_OFF : e && !strcmp(e, "0") ? MK_OFF : e && !strcmp(e, "1") ? MK_ALWAYS : MK_SHORT;
+    b->use_mkv = !(ev && !strcmp(ev, "0"));
     return 0;
 }
 
@@ -1288,20 +1320,28 @@ extern "C" int fm_cuda_debug_set_mega(fm_cuda_backend *b, int mode) {
     return b->use_mk;
 }
 
+/* The instance the trace reads: the verify blocks' after fm_cuda_debug_mega_trace(b, 2, NULL). */
+static fmc_mk *traced_mk(const fm_cuda_backend *b) {
+    return b->trace_verify ? b->mkv : b->mk;
+}
+
 extern "C" int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us) {
-    if (!b->mk) return -1;
     if (!us) {
+        if (b->mk) fmc_mk_trace(b->mk, 0);
+        if (b->mkv) fmc_mk_trace(b->mkv, 0);
+        b->trace_verify = on == 2;
         drop_graphs(b);
-        return fmc_mk_trace(b->mk, on);
+        return traced_mk(b) ? fmc_mk_trace(traced_mk(b), on != 0) : -1;
     }
+    if (!traced_mk(b)) return -1;
     cudaStreamSynchronize(b->st);
-    return fmc_mk_trace_read(b->mk, us);
+    return fmc_mk_trace_read(traced_mk(b), us);
 }
 
 extern "C" int fm_cuda_debug_mega_blocks(fm_cuda_backend *b, double *us, int *info, int max_blocks) {
-    if (!b->mk) return -1;
+    if (!traced_mk(b)) return -1;
     cudaStreamSynchronize(b->st);
-    return fmc_mk_trace_blocks(b->mk, us, info, max_blocks);
+    return fmc_mk_trace_blocks(traced_mk(b), us, info, max_blocks);
 }
 
 extern "C" const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages) {
@@ -1313,6 +1353,11 @@ extern "C" const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages)
                                             {"on in the short attention form, plain launch",
                                              "on in the short attention form, cooperative launch"}};
     return state[b->use_mk][coop != 0];
+}
+
+extern "C" const char *fm_cuda_debug_mega_verify(const fm_cuda_backend *b, int *max_T) {
+    *max_T = b->mkv && b->use_mkv ? fmc_mk_max_tokens(b->mkv) : 0;
+    return !b->mkv ? b->mkv_why : b->use_mkv ? "on with the step's" : "off (FMC_MEGA_VERIFY=0)";
 }
 
 extern "C" void fm_cuda_debug_set_q8_gemv(fm_cuda_backend *b, int rd) {

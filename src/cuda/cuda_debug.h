@@ -43,14 +43,15 @@ void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on);
  * weight tiles a warp in registers (process-wide); 0: none; -1: the default choice (one row, by the
  * matrix's shape). */
 void fm_cuda_debug_set_q8_gemv(fm_cuda_backend *b, int rd);
-/* Steps (one-token forwards) with their layers in one persistent launch (cuda_megakernel.cu), where the
- * backend has it: mode 0 never (kernels), 1 every step, 2 while the attention takes its short form (the
- * default; FMC_MEGA=0 / 1 choose the others). Returns the mode now in use (mode < 0: only that). */
+/* Steps (one-token forwards) and verify blocks of up to 8 rows with their layers in one persistent launch
+ * (cuda_megakernel.cu), where the backend has it: mode 0 never (kernels), 1 every one, 2 while the
+ * attention takes its short form (the default; FMC_MEGA=0 / 1 choose the others). Returns the mode now in use
+ * (mode < 0: only that). */
 int fm_cuda_debug_set_mega(fm_cuda_backend *b, int mode);
-/* The persistent step kernel's phase clock (cuda_kernels.cuh, fmc_mk_trace): us == NULL: on / off (graphs
- * are captured again); else the last step's phase means into us[0 .. 54) (block 0's, the slowest block's,
- * the fastest block's) and a profiling build's stalls into us[54 .. 62) (fmc_mk_trace_read), returning 18,
- * or < 0. */
+/* The persistent step kernel's phase clock (cuda_kernels.cuh, fmc_mk_trace): us == NULL: on (1; 2: the
+ * verify blocks' instance instead) / off (graphs are captured again); else the last step's phase means into
+ * us[0 .. 54) (block 0's, the slowest block's, the fastest block's) and a profiling build's stalls into us[54
+ * .. 62) (fmc_mk_trace_read), returning 18, or < 0. */
 int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us);
 /* The same trace for every block (fmc_mk_trace_blocks): us[block * 18 + phase], info[block * 5 ..] = the
  * block's SM and its groups of the four products; returns the blocks, or < 0. */
@@ -58,6 +59,9 @@ int fm_cuda_debug_mega_blocks(fm_cuda_backend *b, double *us, int *info, int max
 /* "on" / "off" for the persistent step kernel (with its launch: cooperative or plain) and its ring stages,
  * or why the backend has none. */
 const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages);
+/* Whether verify blocks of 2 .. *max_T rows run persistent too (by the steps' mode), or why not (*max_T 0).
+ */
+const char *fm_cuda_debug_mega_verify(const fm_cuda_backend *b, int *max_T);
 /* 0: the drafter's Q8_0 products merge the sums of a group's several blocks through L2 instead of in
  * thread-block clusters (process-wide, for launches made after it; the same bits either way). Returns 1 if
  * clusters are now used, 0 if not (off, or a device below sm_90). */

@@ -199,23 +199,28 @@ typedef struct {
     __half *kc, *vc; /* the layer's caches [n_ctx][n_kv * hd] */
     float *cap;      /* where the layer's output is also copied (the drafter's features), or NULL */
 } fmc_mk_layer;
-/* The target and the buffers its kernels use for one token (cuda_backend.cu): x [dim] (the embedding in,
- * the last layer's output out), qkv, the attention's partials, xq / xd (fragment order, maxK). */
+/* The target and the buffers its kernels use (cuda_backend.cu): x [T][dim] (the embedding in, the last
+ * layer's output out), qkv, the attention's partials, the normed queries q [T][n_heads * hd] (tokens > 1),
+ * xq / xd (fragment order, maxK); tokens: 1 for the step's instance, more for the verify blocks' (up to
+ * fmc_mk_max_tokens); ldcap: the stride of the layers' captured rows. */
 typedef struct {
     int n_layers, dim, n_heads, n_kv, hd, ffn, max_splits;
     float eps;
     const fmc_mk_layer *layers; /* host array of n_layers */
-    float *x, *qkv, *part;
+    float *x, *qkv, *part, *q;
     int8_t *xq;
     float *xd;
     const float *rope;
     const int *pos;
+    int tokens, ldcap;
 } fmc_mk_desc;
 typedef struct fmc_mk fmc_mk;
 /* 0 and *out on success; 1 when this device or model cannot take it (why says what); -1 on an error. */
 int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen);
-/* The forward of one token at *pos through every layer (x in place), on stream s (graph-capturable). */
-void fmc_mk_launch(const fmc_mk *mk, cudaStream_t s);
+/* The forward of T tokens (1 .. fmc_mk_max_tokens) at *pos .. through every layer (x in place), on stream s
+ * (graph-capturable). */
+void fmc_mk_launch(const fmc_mk *mk, int T, cudaStream_t s);
+int fmc_mk_max_tokens(const fmc_mk *mk);
 void fmc_mk_free(fmc_mk *mk);
 /* 1 (default): launched as a cooperative kernel (the driver checks that every block is resident at once);
  * 0: a plain launch of one block per SM (where a graph cannot hold cooperative launches: its blocks are

@@ -14,7 +14,7 @@
  * Bits: a (row, token) is computed with the operations of the kernels a verify block runs, in the same
  * order, so steps here equal verify rows bit for bit (test_cuda_parity): a product's unit is one warp's
  * (tile, K share) of the matrix's split (fmc_split: acc = fma(isum, dw * dx, acc) along the share, the w
- * shares added in order, kc = 1), the GLU and store epilogues are q8_glu_out / q8_out / q8_out_add, the
+ * shares added in order, kc = 1), the GLU and store epilogues are q8_glu_out / q8_out / q8_put (+= x), the
  * norms are q8_quant_row_src, qk_norm_rope_head and attn_combine_head, and attention runs attn_split_tile's
  * arithmetic per 64-key split (attn_split_tile_kw: the same tile on 4 warps).
  *
@@ -63,6 +63,11 @@ static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 12, 
  * the attention's groups of 64, the merge's units) reuse ids from 2: block-wide barriers part the phases. */
 enum { MK_BAR_ALL = 1, MK_BAR_Q8 = 15, MK_BAR_SLOT = 2 /* + slot */, MK_BAR_GRP = 2, MK_BAR_MERGE = 2 };
 
+/* Bytes of the activations of TT tokens a 32-block: quants (token 0's 32; TT = 8: the fragment-order block
+ * of 8 tokens) and scales. */
+constexpr size_t mk_act_bytes(int TT) {
+    return TT == 1 ? 36 : 8 * 36;
+}
 struct mk_mat {
     const int4 *qs;
     const uint32_t *sc;
@@ -79,11 +84,13 @@ struct mk_params {
     const unsigned short *gstart, *gcount; /* [4 products][blocks]: each block's run of groups */
     unsigned *bar;                         /* the grid barrier's arrivals (zeroed before each launch) */
     float *x, *qkv, *part;
+    float *q;   /* a verify launch's normed and rotated queries [T][n_heads * hd] */
     int8_t *xq; /* the attention's and the GLU's quantised output, fragment order */
     float *xd;
     const float *rope;
     const int *pos;
     int n_layers, dim, n_heads, n_kv, ffn, max_splits, ns, max_nb;
+    int T, ldcap;              /* the launch's tokens (1 .. the instance's TT); the captured rows' stride */
     unsigned long long *trace; /* each block's clock at each phase boundary, [blocks][n_layers][MK_TRACE],
                                   then each block's SM */
     unsigned long long *prof;  /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue], warps' sum */
@@ -185,27 +192,48 @@ struct mk_smem {
     unsigned char *ring_w, *ring_s; /* [warp][stage] */
     uint64_t *full;                 /* [warp][stage] */
     uint64_t *nwb;                  /* the norm weights' copy */
-    unsigned char *xs;              /* the product's activations, token 0's 32 quants a 32-block */
+    unsigned char *xs;              /* the product's activations (mk_carve says how they sit) */
     float *ds;                      /* and their scales */
     float *red;                     /* MK_RED_FLOATS: warps' and head norms' sums, GLU rows, attention's P */
     mk_layer *L;                    /* [n_layers] */
     unsigned short *gs, *gc;        /* [4] */
-    unsigned char *scratch;         /* attention split / merge; between them x and the next norm's weights */
+    unsigned char *scratch;         /* attention split / merge */
+    float *nws, *xcp;               /* the next norm's weights (dim), the norm's copy of x (TT x dim) */
 };
-__device__ __forceinline__ mk_smem mk_carve(unsigned char *base, const mk_params &P) {
+/* One token (TT = 1): token 0's quants and scales, then the scratch, which holds the attention's and the
+ * merge's tiles, and between them the next norm's weights and the copy of x. Up to 8 (TT = 8): the norm's
+ * weights have a place of their own, and the activations ([max_nb][8] scales, [max_nb][256] quants), the
+ * norm's copy of x (past the first dim / 32 blocks of quants: the norm's output) and the attention's and
+ * the merge's tiles share one region, as no phase uses two of them (8 tokens' activations of down take 88
+ * KB: apart, only one ring stage would fit). */
+template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *base, const mk_params &P) {
     mk_smem m;
     const size_t stages = (size_t)MK_WARPS * P.ns;
     m.ring_w = base;
     m.ring_s = m.ring_w + stages * MK_STAGE_W;
     m.full = (uint64_t *)(m.ring_s + stages * MK_STAGE_S);
     m.nwb = m.full + stages;
-    m.xs = (unsigned char *)(m.nwb + 2);
-    m.ds = (float *)(m.xs + (size_t)P.max_nb * 32);
-    m.red = m.ds + P.max_nb;
+    unsigned char *p = (unsigned char *)(m.nwb + 2);
+    if (TT == 1) {
+        m.xs = p;
+        m.ds = (float *)(m.xs + (size_t)P.max_nb * 32);
+        p = (unsigned char *)(m.ds + P.max_nb);
+    }
+    m.red = (float *)p;
     m.L = (mk_layer *)(m.red + MK_RED_FLOATS);
     m.gs = (unsigned short *)(m.L + P.n_layers);
     m.gc = m.gs + 4;
-    m.scratch = base + (((size_t)((unsigned char *)(m.gs + 16) - base) + 127) & ~(size_t)127); /* copies in */
+    p = base + (((size_t)((unsigned char *)(m.gs + 16) - base) + 127) & ~(size_t)127); /* copies in */
+    if (TT == 1) {
+        m.scratch = p;
+        m.nws = (float *)p, m.xcp = m.nws + P.dim;
+    } else {
+        m.nws = (float *)p;
+        m.scratch = p + (((size_t)P.dim * 4 + 127) & ~(size_t)127);
+        m.ds = (float *)m.scratch;
+        m.xs = m.scratch + (size_t)P.max_nb * 32;
+        m.xcp = (float *)(m.xs + (size_t)(P.dim / 32) * 256);
+    }
     return m;
 }
 
@@ -282,6 +310,17 @@ struct mk_smem_sink {
         for (int m = 0; m < 8; m++) *(uint32_t *)(xs + b * 32 + (m & 3) * 8 + (m >> 2) * 4) = q[m];
     }
 };
+/* TT = 8: token t's block b into its place in the fragment-order block of 8 tokens (frag_off), and its
+ * scale. */
+struct mk_smem_sink8 {
+    unsigned char *xs;
+    float *ds;
+    __device__ __forceinline__ void put(int t, int b, float d, const uint32_t (&q)[8]) const {
+        ds[b * 8 + t] = d;
+#pragma unroll
+        for (int m = 0; m < 8; m++) *(uint32_t *)(xs + b * 256 + (t * 4 + (m & 3)) * 8 + (m >> 2) * 4) = q[m];
+    }
+};
 /* The quantiser's x and norm weights: x read through L2 once (the sum's pass) and kept in shared memory for
  * the quantising pass; the weights copied in ahead (mk_norm_fetch). */
 struct mk_norm_src {
@@ -296,6 +335,16 @@ struct mk_norm_src {
     }
     __device__ __forceinline__ float4 x4(int i) const { return *(const float4 *)(xs + i); }
     __device__ __forceinline__ float4 w4(int i) const { return *(const float4 *)(nw + i); }
+};
+/* The same for T tokens (q8_quant_rows_src): token t's x at x + t dim, its copy at xs + t dim. */
+struct mk_norm_rows_src {
+    const float *x;
+    float *xs;
+    const float *nw;
+    int dim;
+    __device__ __forceinline__ mk_norm_src row(int t) const {
+        return {x + (size_t)t * dim, xs + (size_t)t * dim, nw};
+    }
 };
 /* A named barrier of n threads: the quantiser's (MK_BAR_Q8, the first Q8_THREADS), the attention tile's 4
  * warps (attn_split_tile_kw), a merge unit's (mk_combine). */
@@ -346,28 +395,40 @@ __device__ __forceinline__ void mk_norm_fetch(const mk_smem &m, float *nws, cons
     }
 }
 
-/* The activations of a product from fragment-order xq / xd (token 0) into the block's shared memory. */
-__device__ void mk_load_act(const int8_t *xq, const float *xd, int K, const mk_smem &m) {
+/* The activations of a product from fragment-order xq / xd into the block's shared memory: token 0's
+ * (TT = 1), or the first n-tile's 8 tokens as they are. */
+template <int TT> __device__ void mk_load_act(const int8_t *xq, const float *xd, int K, const mk_smem &m) {
     const int NB = K >> 5, tid = threadIdx.x;
-    for (int j = tid; j < 2 * NB; j += MK_THREADS)
-        cp_async16(m.xs + (size_t)j * 16, xq + (size_t)(j >> 1) * 256 + (j & 1) * 16);
-    for (int j = tid; j < NB; j += MK_THREADS) m.ds[j] = __ldcg(xd + (size_t)j * 8);
+    if (TT == 1) {
+        for (int j = tid; j < 2 * NB; j += MK_THREADS)
+            cp_async16(m.xs + (size_t)j * 16, xq + (size_t)(j >> 1) * 256 + (j & 1) * 16);
+        for (int j = tid; j < NB; j += MK_THREADS) m.ds[j] = __ldcg(xd + (size_t)j * 8);
+    } else {
+        for (int j = tid; j < 16 * NB; j += MK_THREADS)
+            cp_async16(m.xs + (size_t)j * 16, xq + (size_t)j * 16);
+        for (int j = tid; j < 2 * NB; j += MK_THREADS) cp_async16(m.ds + (size_t)j * 4, xd + (size_t)j * 4);
+    }
     cp_async_commit();
     cp_async_wait<0>();
     named_sync(MK_BAR_ALL, MK_THREADS);
 }
 
 /* The calling warp's unit of nbw 32-blocks from kb0 of the product's activations (the block's m.xs / m.ds),
- * its stages taken from the warp's ring, into acc (fmc_split's order: acc = fma(isum, dw * dx, acc)). */
+ * its stages taken from the warp's ring, into acc (fmc_split's order: acc = fma(isum, dw * dx, acc)). TT =
+ * 1: every lane takes token 0's fragment (columns past 0 are not stored); 8: token g's, with the scales of
+ * tokens 2c, 2c + 1 (those past the launch's T are not stored either). */
+template <int TT>
 __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_ring &rg,
                                                const mk_smem &m, int ns) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const uint2 *xw = (const uint2 *)m.xs + (size_t)kb0 * 4 + c;
-    const float *dw = m.ds + kb0;
-    auto tile = [&](const int4 &A, uint32_t sc, uint2 xv, float dx) {
+    constexpr int XB = TT == 1 ? 4 : 32; /* uint2 a 32-block */
+    const uint2 *xw = (const uint2 *)m.xs + (size_t)kb0 * XB + (TT == 1 ? c : lane);
+    const float *dw = m.ds + (size_t)kb0 * TT + (TT == 1 ? 0 : 2 * c);
+    auto xd = [&](int kb) { return TT == 1 ? make_float2(dw[kb], 0.0f) : *(const float2 *)(dw + kb * 8); };
+    auto tile = [&](const int4 &A, uint32_t sc, uint2 xv, float2 dx) {
         int d[4];
         mma_s8(d, A, xv.x, xv.y);
-        q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), make_float2(dx, 0.0f));
+        q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), dx);
     };
     for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
         const size_t st = (size_t)warp * ns + rg.s;
@@ -380,15 +441,15 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
             int4 A[MK_STAGE_TILES];
             uint32_t sc[MK_STAGE_TILES];
             uint2 xv[MK_STAGE_TILES];
-            float dx[MK_STAGE_TILES];
+            float2 dx[MK_STAGE_TILES];
 #pragma unroll
             for (int k = 0; k < MK_STAGE_TILES; k++)
-                A[k] = W[k * 32], sc[k] = S[k * 8], xv[k] = xw[(size_t)(kb + k) * 4], dx[k] = dw[kb + k];
+                A[k] = W[k * 32], sc[k] = S[k * 8], xv[k] = xw[(size_t)(kb + k) * XB], dx[k] = xd(kb + k);
 #pragma unroll
             for (int k = 0; k < MK_STAGE_TILES; k++) tile(A[k], sc[k], xv[k], dx[k]);
         } else {
             for (int k = 0; k < nbw - kb; k++)
-                tile(W[k * 32], S[k * 8], xw[(size_t)(kb + k) * 4], dw[kb + k]);
+                tile(W[k * 32], S[k * 8], xw[(size_t)(kb + k) * XB], xd(kb + k));
         }
         /* the products have used the stage's loads: the slot is free for the copy engine */
         __syncwarp();
@@ -401,25 +462,30 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
     }
 }
 
-/* One product of token 0: the block's groups MK_SLOTS at a time (warps 0..3, 4..7, ...), warp r of a slot
+/* One product of a.T tokens: the block's groups MK_SLOTS at a time (warps 0..3, 4..7, ...), warp r of a slot
  * taking unit r from its ring; then warp 0 of the slot adds the units' sums in order (the merge of
- * gemm_merge) and stores (q8_out; += x with x's old rows loaded before the stream), or writes the GLU's
- * output (q8_glu_out). */
-template <int MODE>
+ * gemm_merge) and stores (q8_out; += x with x's old rows loaded before the stream), or the slot's warps write
+ * the GLU's output of their tokens (q8_glu_out). */
+template <int MODE, int TT>
 __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt, mk_ring &rg,
                                            const mk_smem &m, int ns) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slot = warp >> 2, r = warp & 3;
     const int g = lane >> 2, c = lane & 3, units = mk_units(M);
     for (int jr = 0; MK_SLOTS * jr + slot < cnt; jr++) {
         const int gr = start + MK_SLOTS * jr + slot;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x0[2] = {0.0f, 0.0f};
-        if (MODE == Q8_ADD && r == 0 && c == 0) /* token 0's rows g, g + 8 */
-            for (int h = 0; h < 2; h++)
-                if (gr * 16 + g + h * 8 < M.N) x0[h] = ld_cg(a.y + gr * 16 + g + h * 8);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        /* the old x of the lane's (row, token) pairs: acc[j]'s, row g + 8 (j >> 1), token 2c + (j & 1) (TT =
+         * 1: token 0's in the lanes c == 0) */
+        if (MODE == Q8_ADD && r == 0)
+#pragma unroll
+            for (int j = 0; j < 4; j += TT == 1 ? 2 : 1) {
+                const int row = gr * 16 + g + (j >> 1) * 8, t = TT == 1 ? 0 : 2 * c + (j & 1);
+                if ((TT > 1 || c == 0) && t < a.T && row < M.N) x0[j] = ld_cg(a.y + (size_t)t * a.ldy + row);
+            }
         if (r < units) {
             int kb0, nbw;
             mk_unit(M, gr, r, &kb0, &nbw);
-            mk_stream_unit(acc, kb0, nbw, rg, m, ns);
+            mk_stream_unit<TT>(acc, kb0, nbw, rg, m, ns);
         }
         /* two buffers by round parity: warp 0 reads round jr's while the others fill round jr + 1's */
         float *rb = m.red + ((jr & 1) * MK_SLOTS + slot) * 4 * 4 * 32;
@@ -431,40 +497,48 @@ __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, in
             for (int j = 0; j < 4; j++) rb[(r * 4 + j) * 32 + lane] = acc[j];
         }
         named_sync(MK_BAR_SLOT + slot, 128);
-        if (r != 0) continue;
-        if (M.glu) {
-            q8_glu_out(a, 0, gr, M.N / 64, rb[lane], rb[32 + lane]);
+        if (M.glu) { /* warp r: tokens r, r + 4 (each warp reads round jr's buffer before its next barrier) */
+            for (int t = r; t < a.T; t += 4)
+                q8_glu_out(a, t, gr, M.N / 64, rb[t * 64 + lane], rb[t * 64 + 32 + lane]);
             continue;
         }
+        if (r != 0) continue;
 #pragma unroll
-        for (int j = 0; j < 4; j += 2) { /* token 0: rows g (j = 0) and g + 8 (j = 2) in the lanes c == 0 */
+        for (int j = 0; j < 4; j += TT == 1 ? 2 : 1) {
             float v = acc[j];
             for (int q = 1; q < units; q++) v = __fadd_rn(v, rb[(q * 4 + j) * 32 + lane]);
-            const int row = gr * 16 + g + (j >> 1) * 8;
-            if (c != 0 || row >= M.N) continue;
+            const int row = gr * 16 + g + (j >> 1) * 8, t = TT == 1 ? 0 : 2 * c + (j & 1);
+            if ((TT == 1 && c != 0) || t >= a.T || row >= M.N) continue;
             if (MODE == Q8_ADD)
-                q8_out_add(a, row, v, x0[j >> 1]);
+                q8_put(a, row, t, __fadd_rn(x0[j], v));
             else
-                q8_out<MODE>(a, row, 0, v);
+                q8_out<MODE>(a, row, t, v);
         }
     }
 }
 
-__device__ __forceinline__ q8_args mk_args(float *y, float *y2, int8_t *oq, float *od) {
+__device__ __forceinline__ q8_args mk_args(int T, float *y, int ldy, float *y2, int ldy2, int8_t *oq,
+                                           float *od) {
     q8_args a = {};
-    a.T = 1;
-    a.y = y, a.ldy = 0, a.y2 = y2, a.ldy2 = 0, a.oq = oq, a.od = od;
+    a.T = T;
+    a.y = y, a.ldy = ldy, a.y2 = y2, a.ldy2 = ldy2, a.oq = oq, a.od = od;
     return a;
 }
 
 #endif
 
-template <int HD>
+/* TT: the most tokens a launch takes (P.T <= TT): 1 for steps, 8 for verify blocks. With more than one, the
+ * q/k norms run as a phase of their own before a grid barrier (the (token, head) pairs spread over all
+ * blocks, the queries through L2 as the kernels' attention reads them), and an attention unit's two 16-row
+ * tiles (4 tokens x G heads each) run on warps 0..3 and 4..7. */
+template <int HD, int TT>
 __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_constant__ mk_params P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static_assert(TT == 1 || TT == 8, "steps or verify blocks of up to 8 tokens");
+    constexpr int QR = TT == 1 ? MK_QR : 2 * MK_QR; /* an attention unit's query rows */
     extern __shared__ __align__(128) unsigned char smem[];
-    const mk_smem m = mk_carve(smem, P);
-    const int tid = threadIdx.x, warp = tid >> 5, nblk = gridDim.x;
+    const mk_smem m = mk_carve<TT>(smem, P);
+    const int tid = threadIdx.x, warp = tid >> 5, nblk = gridDim.x, T = TT == 1 ? 1 : P.T;
     /* the tables into shared memory */
     for (int i = tid; i < P.n_layers * (int)sizeof(mk_layer) / 4; i += MK_THREADS)
         ((unsigned *)m.L)[i] = ((const unsigned *)P.L)[i];
@@ -482,9 +556,10 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     __syncthreads();
     const int n_heads = P.n_heads, n_kv = P.n_kv, q_dim = n_heads * HD;
     const int grp = warp >> 1, gtid = tid & 63, G = n_heads / n_kv;
-    const int att_units = n_kv * ((*P.pos + FMC_ATT_SPLIT) / FMC_ATT_SPLIT); /* (KV head, split) */
+    /* (KV head, split) units: the splits of the longest row */
+    const int att_units = n_kv * ((*P.pos + T - 1 + FMC_ATT_SPLIT) / FMC_ATT_SPLIT);
     constexpr int QP = attn_vp(HD);
-    float *nws = (float *)m.scratch, *xst = nws + P.dim; /* the next norm's weights, x's copy */
+    float *nws = m.nws;
     unsigned target = 0, nph = 0;
     mk_ring rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
     if ((tid & 31) == 0) { /* the ring's first stages */
@@ -495,6 +570,8 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     const attn_tiles<HD> at(m.scratch);
     uint32_t *Ks = at.Ks;
     __half *Vs = at.Vs, *Qs = at.Qs;
+    /* TT = 8: the two tiles' exchange buffers, after the tiles */
+    float *txs = (float *)(m.scratch + attn_smem(HD, QR));
     const mk_smem_sink sink = {m.xs, m.ds};
     for (int l = 0; l < P.n_layers; l++) {
         const mk_layer &L = m.L[l];
@@ -508,7 +585,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             mark(i + 1);
         };
         auto product = [&](int k, auto mode, const q8_args &a) {
-            mk_product<decltype(mode)::value>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
+            mk_product<decltype(mode)::value, TT>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
             if (FM_MK_PROFILE && P.prof && (tid & 31) == 0) {
                 unsigned long long *d = P.prof + (((size_t)blockIdx.x * P.n_layers + l) * 4 + k) * 2;
                 atomicAdd(d, (unsigned long long)rg.wait_cy),
@@ -520,8 +597,14 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         auto norm = [&]() {
             mk_wait(m.nwb, nph);
             nph ^= 1;
+            if (TT > 1) { /* every thread, the warps' sums in the products' reduction buffer (free now) */
+                q8_quant_rows_src(mk_norm_rows_src{P.x, m.xcp, nws, P.dim}, T, P.eps, P.dim,
+                                  mk_smem_sink8{m.xs, m.ds}, (double *)m.red, MK_THREADS,
+                                  mk_bar{MK_BAR_ALL, MK_THREADS});
+                return;
+            }
             if (tid < Q8_THREADS)
-                q8_quant_row_src(mk_norm_src{P.x, xst, nws}, P.eps, P.dim, sink,
+                q8_quant_row_src(mk_norm_src{P.x, m.xcp, nws}, P.eps, P.dim, sink,
                                  mk_bar{MK_BAR_Q8, Q8_THREADS});
             if ((int)MK_THREADS > (int)Q8_THREADS)
                 named_sync(MK_BAR_ALL, MK_THREADS); /* the products read it */
@@ -530,62 +613,85 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         /* qkv */
         norm();
         mark(1);
-        product(0, std::integral_constant<int, Q8_STORE>(), mk_args(P.qkv, NULL, NULL, NULL));
+        product(0, std::integral_constant<int, Q8_STORE>(),
+                mk_args(T, P.qkv, q_dim + 2 * n_kv * HD, NULL, 0, NULL, NULL));
         sync(2);
-        mark(4), mark(5); /* (the q/k norms' phase and barrier of the trace: now inside the attention's) */
-        /* attention: a (KV head, 64-key split) unit per block at a time. First the norms and RoPE of its
-         * heads, a head per group of 64 threads: its G query heads straight into the unit's queries, and in
-         * the split that holds the new position its key and value heads into the caches (the other splits
-         * read neither), so no grid barrier parts them from qkv's. Then the split on warps 0 and 1. */
+        if (TT > 1) { /* the q/k norms and RoPE of every (token, head), a pair per group of 64 threads */
+            const int NH = n_heads + 2 * n_kv, NG = MK_WARPS / 2;
+            for (int it = blockIdx.x * NG + grp; it < T * NH; it += nblk * NG)
+                qk_norm_rope_head(P.qkv, it / NH, it % NH, n_heads, n_kv, HD, L.q_norm, L.k_norm, P.eps,
+                                  P.rope, P.pos, P.q, L.kc, L.vc,
+                                  mk_group{gtid, MK_BAR_GRP + grp, (double *)m.red + grp * 32});
+            sync(4);
+        } else {
+            mark(4),
+                mark(
+                    5); /* (the q/k norms' phase and barrier of the trace: a step's are in the attention's) */
+        }
+        /* attention: a (KV head, 64-key split) unit per block at a time. A step's unit first norms and
+         * rotates its heads, a head per group of 64 threads: its G query heads straight into the unit's
+         * queries, and in the split that holds the new position its key and value heads into the caches (the
+         * other splits read neither), so no grid barrier parts them from qkv's. Then the split on warps 0..3
+         * (a verify block's second tile on 4..7). */
         for (int u = blockIdx.x; u < att_units; u += nblk) {
-            const int g = u % n_kv, s = u / n_kv, heads = s == att_units / n_kv - 1 ? G + 2 : G;
-            for (int j = tid; j < (MK_QR - G) * QP; j += MK_THREADS) /* the unused query rows */
-                Qs[G * QP + j] = Qs[(MK_QR + G) * QP + j] = __float2half_rn(0.0f);
-            for (int j = grp; j < heads; j += MK_WARPS / 2)
-                qk_norm_rope_head(P.qkv, 0, j < G ? g * G + j : n_heads + (j - G) * n_kv + g, n_heads, n_kv,
-                                  HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, mk_q_smem<HD>{Qs, g * G},
-                                  L.kc, L.vc, mk_group{gtid, MK_BAR_GRP + grp, (double *)m.red + grp * 32});
-            named_sync(MK_BAR_ALL, MK_THREADS); /* the queries, and this block's new key row */
-            if (warp < 4) { /* the tile on 4 warps: one on each of the SM's tensor cores */
-                const attn_block a = attn_block_setup<HD, MK_QR>(1, n_heads, n_kv, P.pos, 1, g, 0, 0);
-                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, 128,
+            const int g = u % n_kv, s = u / n_kv;
+            if (TT == 1) {
+                const int heads = s == att_units / n_kv - 1 ? G + 2 : G;
+                for (int j = tid; j < (MK_QR - G) * QP; j += MK_THREADS) /* the unused query rows */
+                    Qs[G * QP + j] = Qs[(MK_QR + G) * QP + j] = __float2half_rn(0.0f);
+                for (int j = grp; j < heads; j += MK_WARPS / 2)
+                    qk_norm_rope_head(P.qkv, 0, j < G ? g * G + j : n_heads + (j - G) * n_kv + g, n_heads,
+                                      n_kv, HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos,
+                                      mk_q_smem<HD>{Qs, g * G}, L.kc, L.vc,
+                                      mk_group{gtid, MK_BAR_GRP + grp, (double *)m.red + grp * 32});
+                named_sync(MK_BAR_ALL, MK_THREADS); /* the queries, and this block's new key row */
+            }
+            constexpr int TW = TT == 1 ? 4 : 8; /* the warps of the unit's tiles */
+            if (warp < TW) {
+                const int tile = warp >> 2;
+                const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, P.pos, 1, g, 0, tile);
+                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, TW * 32,
                                     rg.pol); /* read once a step, as the weights */
+                if (TT > 1) attn_load_q<HD, QR>(P.q, Qs, 0, g, G, n_heads, QR, a.nq, tid, TW * 32);
                 cp_async_commit();
                 cp_async_wait<0>();
-                const mk_bar bar4 = {MK_BAR_GRP, 128};
-                bar4.sync();
-                attn_split_tile_kw<HD, MK_QR, 4>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part, m.red, warp,
-                                                 bar4);
+                named_sync(MK_BAR_GRP, TW * 32);
+                /* the tile on 4 warps: one on each of the SM's tensor cores */
+                if (tile * 16 < a.nq)
+                    attn_split_tile_kw<HD, QR, 4>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part,
+                                                  TT == 1 ? m.red : txs + tile * ATTN_XS_FLOATS, warp & 3,
+                                                  mk_bar{MK_BAR_GRP + 1 + tile, 128});
             }
             named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
         }
         sync(6);
-        /* merge + quantise: a head per HD threads of the first Q8_THREADS */
+        /* merge + quantise: a (head, token) per HD threads of the first Q8_THREADS */
         if (tid < Q8_THREADS) {
             constexpr int UPB = Q8_THREADS / HD;
             const int us = tid / HD;
             float *buf = (float *)m.scratch + (size_t)us * 2 * MK_CH * (HD + 2);
-            for (int h = us * nblk + blockIdx.x; h < n_heads; h += UPB * nblk)
-                attn_combine_head<HD, MK_CH>(n_heads, h, 0, *P.pos + 1, P.max_splits, P.part, buf, P.xq, P.xd,
-                                             NULL, tid % HD, mk_combine{{MK_BAR_MERGE + us, HD}});
+            for (int h = us * nblk + blockIdx.x; h < n_heads * T; h += UPB * nblk)
+                attn_combine_head<HD, MK_CH>(n_heads, h % n_heads, h / n_heads, *P.pos + h / n_heads + 1,
+                                             P.max_splits, P.part, buf, P.xq, P.xd, NULL, tid % HD,
+                                             mk_combine{{MK_BAR_MERGE + us, HD}});
         }
         sync(8);
         /* wo, += x */
-        mk_load_act(P.xq, P.xd, q_dim, m); /* its barrier: the merge's buffers are free for the weights */
+        mk_load_act<TT>(P.xq, P.xd, q_dim, m); /* its barrier: the merge's buffers are free for the weights */
         mk_norm_fetch(m, nws, L.ffn_norm, P.dim);
         mark(10);
-        product(1, std::integral_constant<int, Q8_ADD>(), mk_args(P.x, NULL, NULL, NULL));
+        product(1, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, NULL, 0, NULL, NULL));
         sync(11);
         /* gate/up, SiLU * up quantised into xq / xd */
         norm();
         if (l + 1 < P.n_layers) mk_norm_fetch(m, nws, m.L[l + 1].attn_norm, P.dim);
         mark(13);
-        product(2, std::integral_constant<int, Q8_GLU>(), mk_args(NULL, NULL, P.xq, P.xd));
+        product(2, std::integral_constant<int, Q8_GLU>(), mk_args(T, NULL, 0, NULL, 0, P.xq, P.xd));
         sync(14);
         /* down, += x (and the drafter's captured copy) */
-        mk_load_act(P.xq, P.xd, P.ffn, m);
+        mk_load_act<TT>(P.xq, P.xd, P.ffn, m);
         mark(16);
-        product(3, std::integral_constant<int, Q8_ADD>(), mk_args(P.x, L.cap, NULL, NULL));
+        product(3, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, L.cap, P.ldcap, NULL, NULL));
         mark(17);
         if (l + 1 < P.n_layers) /* the kernel's end orders the last layer's */
             mk_grid_sync(P.bar, target);
@@ -596,19 +702,28 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
 }
 
 /* Bytes of shared memory past the rings (mk_carve: the norm weights' mbarrier, activations, sums, tables,
- * scratch) and of one ring stage of every warp (with its mbarrier). */
-size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim) {
-    const size_t attn = attn_smem(hd, MK_QR);
+ * scratch) and of one ring stage of every warp (with its mbarrier), for TT tokens. */
+size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim, int TT) {
     const size_t merge = (size_t)(Q8_THREADS / hd) * 2 * MK_CH * (hd + 2) * 4;
-    const size_t norm = (size_t)2 * dim * 4; /* the next norm's weights and x's copy */
-    return 16 + (size_t)max_nb * 36 + MK_RED_FLOATS * 4 + n_layers * sizeof(mk_layer) + 32 + 128 +
-           std::max(std::max(attn, merge), norm);
+    const size_t head = 16 + MK_RED_FLOATS * 4 + n_layers * sizeof(mk_layer) + 32 + 128;
+    if (TT == 1) {
+        const size_t norm = (size_t)2 * dim * 4; /* the next norm's weights and x's copy */
+        return head + (size_t)max_nb * 36 + std::max(std::max(attn_smem(hd, MK_QR), merge), norm);
+    }
+    const size_t attn = attn_smem(hd, 2 * MK_QR) + 2 * ATTN_XS_FLOATS * 4;
+    const size_t act = (size_t)max_nb * mk_act_bytes(TT), norm = (size_t)max_nb * 32 +
+                                                                 (size_t)dim / 32 * 256 +
+                                                                 (size_t)TT * dim * 4; /* scales, quants, x */
+    return head + ((size_t)dim * 4 + 127) / 128 * 128 + std::max(std::max(attn, merge), std::max(act, norm));
 }
 constexpr size_t MK_STAGE_BYTES = (size_t)MK_WARPS * (MK_STAGE_W + MK_STAGE_S + 8);
 
 typedef void (*mk_kernel)(const mk_params);
-mk_kernel mk_pick(int hd) {
-    return hd == 32 ? k_megakernel<32> : hd == 64 ? k_megakernel<64> : hd == 128 ? k_megakernel<128> : NULL;
+template <int TT> mk_kernel mk_pick(int hd) {
+    return hd == 32    ? k_megakernel<32, TT>
+           : hd == 64  ? k_megakernel<64, TT>
+           : hd == 128 ? k_megakernel<128, TT>
+                       : NULL;
 }
 
 } // namespace
@@ -616,7 +731,7 @@ mk_kernel mk_pick(int hd) {
 struct fmc_mk {
     mk_params p;
     mk_kernel kernel;
-    int coop;
+    int coop, max_T;
     unsigned grid;
     size_t smem;
     std::vector<void *> allocs;
@@ -666,9 +781,13 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
         cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
         return no("device attributes unavailable");
     if (major < 9 || !coop) return no("needs sm_90 (bulk copies) and cooperative launches");
-    const mk_kernel kernel = mk_pick(d->hd);
+    const int TT = d->tokens > 1 ? 8 : 1, G = d->n_heads / d->n_kv;
+    const mk_kernel kernel = TT == 1 ? mk_pick<1>(d->hd) : mk_pick<8>(d->hd);
     if (!kernel) return no("head_dim must be 32, 64 or 128");
-    if (d->n_heads / d->n_kv > MK_QR) return no("more than 16 query heads per KV head");
+    if (G > MK_QR) return no("more than 16 query heads per KV head");
+    /* a verify unit's two tiles hold 32 (token, head) rows */
+    const int max_T = TT == 1 ? 1 : std::min(TT, 2 * MK_QR / G);
+    if (TT > 1 && max_T < 2) return no("more than 16 query heads per KV head for a verify block");
     const fmc_mk_layer &L0 = d->layers[0];
     const fmc_q8 *mats0[4] = {L0.qkv, L0.wo, L0.gu, L0.down};
     for (int l = 0; l < d->n_layers; l++) {
@@ -686,7 +805,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     const int max_nb = (std::max(std::max(d->dim, d->n_heads * d->hd), d->ffn) / 32 + 3) & ~3;
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return no("kernel attributes unavailable");
-    const size_t fixed = mk_fixed_bytes(d->hd, max_nb, d->n_layers, d->dim),
+    const size_t fixed = mk_fixed_bytes(d->hd, max_nb, d->n_layers, d->dim, TT),
                  room = (size_t)smem_optin - fa.sharedSizeBytes;
     if (room < fixed + 2 * MK_STAGE_BYTES) return no("too little shared memory");
     int ns = (int)std::min<size_t>(16, (room - fixed) / MK_STAGE_BYTES);
@@ -701,11 +820,12 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
         return no("the persistent block does not fit an SM");
 
     fmc_mk *mk = new fmc_mk();
-    mk->kernel = kernel, mk->coop = 1, mk->grid = (unsigned)sms, mk->smem = smem;
+    mk->kernel = kernel, mk->coop = 1, mk->grid = (unsigned)sms, mk->smem = smem, mk->max_T = max_T;
     mk_params &p = mk->p;
     p.n_layers = d->n_layers, p.dim = d->dim, p.n_heads = d->n_heads, p.n_kv = d->n_kv, p.ffn = d->ffn;
     p.max_splits = d->max_splits, p.ns = ns, p.max_nb = max_nb, p.eps = d->eps;
-    p.x = d->x, p.qkv = d->qkv, p.part = d->part, p.xq = d->xq, p.xd = d->xd;
+    p.x = d->x, p.qkv = d->qkv, p.part = d->part, p.q = d->q, p.xq = d->xq, p.xd = d->xd;
+    p.T = 1, p.ldcap = d->ldcap;
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);
     for (int l = 0; l < d->n_layers; l++) {
@@ -749,7 +869,9 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     return 0;
 }
 
-void fmc_mk_launch(const fmc_mk *mk, cudaStream_t s) {
+void fmc_mk_launch(const fmc_mk *mk, int T, cudaStream_t s) {
+    mk_params p = mk->p;
+    p.T = T;
     cudaMemsetAsync(mk->p.bar, 0, 4, s);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(mk->grid);
@@ -761,7 +883,11 @@ void fmc_mk_launch(const fmc_mk *mk, cudaStream_t s) {
     at[0].val.cooperative = 1;
     cfg.attrs = at;
     cfg.numAttrs = mk->coop ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, mk->kernel, mk->p);
+    cudaLaunchKernelEx(&cfg, mk->kernel, p);
+}
+
+int fmc_mk_max_tokens(const fmc_mk *mk) {
+    return mk->max_T;
 }
 
 void fmc_mk_set_cooperative(fmc_mk *mk, int on) {

@@ -475,7 +475,11 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     const char *mk_state = fm_cuda_debug_mega(gb, &mk_stages);
     const int has_mega = mk_stages > 0, mega_default = fm_cuda_debug_set_mega(gb, -1);
     if (!has_mega) printf("INFO tied=%d: no persistent step kernel here: %s\n", tied, mk_state);
-    float *ref17 = malloc(sizeof(float) * 17 * V);
+    int mkv_rows = 0;
+    const char *mkv_state = fm_cuda_debug_mega_verify(gb, &mkv_rows);
+    printf("INFO tied=%d: persistent verify blocks: %s (2..%d rows)\n", tied, mkv_state, mkv_rows);
+    float *ref[3];
+    for (int k = 0; k < 3; k++) ref[k] = malloc(sizeof(float) * 17 * V);
     static const char *const variant[10] = {"",
                                             "",
                                             "",
@@ -485,15 +489,16 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
                                             " activations in shared memory, 8 tiles in flight",
                                             " activations in shared memory, 12 tiles in flight",
                                             " activations in shared memory, 16 tiles in flight",
-                                            " steps in one persistent launch"};
+                                            " steps and verify(8) persistent"};
     for (int mode = 0; mode < 9 + has_mega; mode++) {
         /* modes 0..3: graphs and PDL on / off, the default kernels. From 4 graphs and PDL: 4 every store /
          * add product of up to 16 rows and the one-token gate/up on the register loop (whose default choice
          * up to 8 rows takes it for full-size matrices only); 8 and 12 rows: its forms for one and two
          * n-tiles of 8 tokens, 17: the staged loop. 5: none in shared memory (steps on the staged or register
          * loop), 6..8: every product of 1..8 rows with its activations in shared memory at each depth (the
-         * default: steps only, by the matrix's shape), steps as kernels in all of these; 9: every step by
-         * the persistent kernel, where the device takes it (by default short-context steps are). */
+         * default: steps only, by the matrix's shape), steps as kernels in all of these; 9: every step
+         * and verify block of up to 8 rows by the persistent kernel, where the device takes it (by default
+         * short-context ones are). */
         const int graphs = mode < 4 ? !(mode & 1) : 1, pdl = mode < 4 ? !(mode & 2) : 1;
         fm_cuda_debug_set_graphs(gb, graphs);
         fm_cuda_debug_set_pdl(gb, pdl);
@@ -523,14 +528,15 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
             CHECK(bitwise && ids,
                   "tied=%d graphs=%d pdl=%d%s: verify(%d) rows == %d single steps bit for bit", tied, graphs,
                   pdl, variant[mode], T, T);
-            if (T == 17 && mode == 0) memcpy(ref17, gl, sizeof(float) * 17 * V);
-            if (T == 17 && mode > 0)
-                CHECK(!memcmp(ref17, gl, sizeof(float) * 17 * V),
-                      "tied=%d graphs=%d pdl=%d: verify(17) logits == graphs=1 pdl=1 bit for bit", tied,
-                      graphs, pdl);
+            /* every mode's verify block == the default kernels' (mode 9's of 8 rows: the persistent one) */
+            if (mode == 0) memcpy(ref[k], gl, sizeof(float) * T * V);
+            if (mode > 0)
+                CHECK(!memcmp(ref[k], gl, sizeof(float) * T * V),
+                      "tied=%d graphs=%d pdl=%d%s: verify(%d) logits == graphs=1 pdl=1 bit for bit", tied,
+                      graphs, pdl, variant[mode], T);
         }
     }
-    free(ref17);
+    for (int k = 0; k < 3; k++) free(ref[k]);
     fm_cuda_debug_set_graphs(gb, 1);
     fm_cuda_debug_set_pdl(gb, 1);
     fm_cuda_debug_set_q8_reg_all(gb, 0);
