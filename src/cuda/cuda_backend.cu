@@ -1212,9 +1212,9 @@ static int create_megakernel(fm_cuda_backend *b, char *err, size_t errlen) {
                 b->vc + (size_t)l * b->n_ctx * b->kv_dim,
                 b->cap_slot[l] >= 0 ? b->feat + (size_t)b->cap_slot[l] * b->dim : NULL};
     }
-    fmc_mk_desc d = {b->n_layers, b->dim,   b->n_heads, b->n_kv, b->hd,   b->ffn, b->max_splits,
-                     b->eps,      L.data(), b->x,       b->qkv,  b->part, b->q,   b->xq1,
-                     b->xd1,      b->rope,  b->d_pos,   1,       b->fw};
+    fmc_mk_desc d = {b->n_layers, b->dim,   b->n_heads, b->n_kv, b->hd,    b->ffn, b->max_splits,
+                     b->eps,      L.data(), b->x,       b->qkv,  b->part,  b->q,   b->xq1,
+                     b->xd1,      b->xq0,   b->xd0,     b->rope, b->d_pos, 1,      b->fw};
     b->use_mk = MK_ALWAYS, b->use_mkv = 1; /* (the graphs mk_instance captures take them) */
     if (mk_instance(b, &d, &b->mk, b->mk_why, sizeof b->mk_why, err, errlen)) return -1;
     d.tokens = 8;

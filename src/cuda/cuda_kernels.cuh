@@ -210,6 +210,8 @@ typedef struct {
     float *x, *qkv, *part, *q;
     int8_t *xq;
     float *xd;
+    int8_t *xqn; /* a verify launch's norm outputs (fragment order) */
+    float *xdn;
     const float *rope;
     const int *pos;
     int tokens, ldcap;

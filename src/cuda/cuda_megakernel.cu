@@ -1,4 +1,5 @@
-/* cuda_megakernel.cu: the layers of a one-token forward (a plain decode step) in one persistent launch.
+/* cuda_megakernel.cu: the layers of a one-token forward (a plain decode step), or of a verify block of up to
+ * 8 rows, in one persistent launch.
  *
  * Why: a step of Qwen3-4B runs 9 kernels a layer. Each product pays a fixed ~4-6 us beyond its bytes (the
  * wait for its predecessor, the activations' L2 round trip, the ramp and drain of one wave), and the weight
@@ -18,10 +19,13 @@
  * norms are q8_quant_row_src, qk_norm_rope_head and attn_combine_head, and attention runs attn_split_tile's
  * arithmetic per 64-key split (attn_split_tile_kw: the same tile on 4 warps).
  *
- * Per layer: [RMSNorm + quantise x, every block for itself] [qkv] | [attention splits, each after its heads'
- * q/k norms, RoPE and KV write] | [merge + quantise] | [wo, += x] | [RMSNorm + quantise] [gate/up + SiLU * up
- * + quantise] | [down, += x (and the captured copy)] |, where | is a grid barrier. The embedding lookup
- * before and the final norm, lm_head and argmax after stay kernels of their own. */
+ * Per layer of a step: [RMSNorm + quantise x, every block for itself] [qkv] | [attention splits, each after
+ * its heads' q/k norms, RoPE and KV write] | [merge + quantise] | [wo, += x] | [RMSNorm + quantise] [gate/up
+ * + SiLU * up + quantise] | [down, += x (and the captured copy)] |, where | is a grid barrier. A verify block
+ * (k_megakernel<HD, 8>) differs where T rows would cost T times a step's chains: block t norms row t | then
+ * every block loads the T rows (each block norming all T took 9-12 us a phase against 4.4: bench/RESULTS.md),
+ * and the q/k norms of every (row, head) are a phase of their own before the attention's barrier. The
+ * embedding lookup before and the final norm, lm_head and argmax after stay kernels of their own. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -87,6 +91,9 @@ struct mk_params {
     float *q;   /* a verify launch's normed and rotated queries [T][n_heads * hd] */
     int8_t *xq; /* the attention's and the GLU's quantised output, fragment order */
     float *xd;
+    int8_t *xqn; /* a verify launch's norms' quantised output (xq is the GLU's, written while other blocks
+                    may still read the norm's) */
+    float *xdn;
     const float *rope;
     const int *pos;
     int n_layers, dim, n_heads, n_kv, ffn, max_splits, ns, max_nb;
@@ -198,14 +205,14 @@ struct mk_smem {
     mk_layer *L;                    /* [n_layers] */
     unsigned short *gs, *gc;        /* [4] */
     unsigned char *scratch;         /* attention split / merge */
-    float *nws, *xcp;               /* the next norm's weights (dim), the norm's copy of x (TT x dim) */
+    float *nws, *xcp;               /* the next norm's weights (dim), the norm's copy of its row of x */
 };
 /* One token (TT = 1): token 0's quants and scales, then the scratch, which holds the attention's and the
  * merge's tiles, and between them the next norm's weights and the copy of x. Up to 8 (TT = 8): the norm's
  * weights have a place of their own, and the activations ([max_nb][8] scales, [max_nb][256] quants), the
- * norm's copy of x (past the first dim / 32 blocks of quants: the norm's output) and the attention's and
- * the merge's tiles share one region, as no phase uses two of them (8 tokens' activations of down take 88
- * KB: apart, only one ring stage would fit). */
+ * norm's copy of its row of x (past the first dim / 32 blocks of quants: a norm's output) and the
+ * attention's and the merge's tiles share one region, as no phase uses two of them (8 tokens' activations
+ * of down take 88 KB: apart, they would leave no room for the rings; shared, 4 stages fit). */
 template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *base, const mk_params &P) {
     mk_smem m;
     const size_t stages = (size_t)MK_WARPS * P.ns;
@@ -310,17 +317,6 @@ struct mk_smem_sink {
         for (int m = 0; m < 8; m++) *(uint32_t *)(xs + b * 32 + (m & 3) * 8 + (m >> 2) * 4) = q[m];
     }
 };
-/* TT = 8: token t's block b into its place in the fragment-order block of 8 tokens (frag_off), and its
- * scale. */
-struct mk_smem_sink8 {
-    unsigned char *xs;
-    float *ds;
-    __device__ __forceinline__ void put(int t, int b, float d, const uint32_t (&q)[8]) const {
-        ds[b * 8 + t] = d;
-#pragma unroll
-        for (int m = 0; m < 8; m++) *(uint32_t *)(xs + b * 256 + (t * 4 + (m & 3)) * 8 + (m >> 2) * 4) = q[m];
-    }
-};
 /* The quantiser's x and norm weights: x read through L2 once (the sum's pass) and kept in shared memory for
  * the quantising pass; the weights copied in ahead (mk_norm_fetch). */
 struct mk_norm_src {
@@ -335,16 +331,6 @@ struct mk_norm_src {
     }
     __device__ __forceinline__ float4 x4(int i) const { return *(const float4 *)(xs + i); }
     __device__ __forceinline__ float4 w4(int i) const { return *(const float4 *)(nw + i); }
-};
-/* The same for T tokens (q8_quant_rows_src): token t's x at x + t dim, its copy at xs + t dim. */
-struct mk_norm_rows_src {
-    const float *x;
-    float *xs;
-    const float *nw;
-    int dim;
-    __device__ __forceinline__ mk_norm_src row(int t) const {
-        return {x + (size_t)t * dim, xs + (size_t)t * dim, nw};
-    }
 };
 /* A named barrier of n threads: the quantiser's (MK_BAR_Q8, the first Q8_THREADS), the attention tile's 4
  * warps (attn_split_tile_kw), a merge unit's (mk_combine). */
@@ -528,9 +514,11 @@ __device__ __forceinline__ q8_args mk_args(int T, float *y, int ldy, float *y2, 
 #endif
 
 /* TT: the most tokens a launch takes (P.T <= TT): 1 for steps, 8 for verify blocks. With more than one, the
- * q/k norms run as a phase of their own before a grid barrier (the (token, head) pairs spread over all
- * blocks, the queries through L2 as the kernels' attention reads them), and an attention unit's two 16-row
- * tiles (4 tokens x G heads each) run on warps 0..3 and 4..7. */
+ * products use all 8 mma columns (mk_stream_unit), the norms are block t's for row t (into xqn / xdn, then
+ * a grid barrier and every block's load), the q/k norms run as a phase of their own before a grid barrier
+ * (the (token, head) pairs spread over all blocks, the queries through L2 as the kernels' attention reads
+ * them), an attention unit's two 16-row tiles (4 tokens x G heads each) run on warps 0..3 and 4..7, and
+ * the merge takes (head, token) pairs. */
 template <int HD, int TT>
 __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_constant__ mk_params P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -597,10 +585,14 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         auto norm = [&]() {
             mk_wait(m.nwb, nph);
             nph ^= 1;
-            if (TT > 1) { /* every thread, the warps' sums in the products' reduction buffer (free now) */
-                q8_quant_rows_src(mk_norm_rows_src{P.x, m.xcp, nws, P.dim}, T, P.eps, P.dim,
-                                  mk_smem_sink8{m.xs, m.ds}, (double *)m.red, MK_THREADS,
-                                  mk_bar{MK_BAR_ALL, MK_THREADS});
+            if (TT > 1) { /* block t quantises token t into xqn / xdn, as a step does; then every block loads
+                             them */
+                if ((int)blockIdx.x < T && tid < Q8_THREADS)
+                    q8_quant_row_src(mk_norm_src{P.x + (size_t)blockIdx.x * P.dim, m.xcp, nws}, P.eps, P.dim,
+                                     q8_frag_sink{P.xqn, P.xdn, (int)blockIdx.x, P.dim / 32},
+                                     mk_bar{MK_BAR_Q8, Q8_THREADS});
+                mk_grid_sync(P.bar, target);
+                mk_load_act<TT>(P.xqn, P.xdn, P.dim, m);
                 return;
             }
             if (tid < Q8_THREADS)
@@ -711,9 +703,8 @@ size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim, int TT) {
         return head + (size_t)max_nb * 36 + std::max(std::max(attn_smem(hd, MK_QR), merge), norm);
     }
     const size_t attn = attn_smem(hd, 2 * MK_QR) + 2 * ATTN_XS_FLOATS * 4;
-    const size_t act = (size_t)max_nb * mk_act_bytes(TT), norm = (size_t)max_nb * 32 +
-                                                                 (size_t)dim / 32 * 256 +
-                                                                 (size_t)TT * dim * 4; /* scales, quants, x */
+    const size_t act = (size_t)max_nb * mk_act_bytes(TT),
+                 norm = (size_t)max_nb * 32 + (size_t)dim / 32 * 256 + (size_t)dim * 4; /* + x's row */
     return head + ((size_t)dim * 4 + 127) / 128 * 128 + std::max(std::max(attn, merge), std::max(act, norm));
 }
 constexpr size_t MK_STAGE_BYTES = (size_t)MK_WARPS * (MK_STAGE_W + MK_STAGE_S + 8);
@@ -825,6 +816,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     p.n_layers = d->n_layers, p.dim = d->dim, p.n_heads = d->n_heads, p.n_kv = d->n_kv, p.ffn = d->ffn;
     p.max_splits = d->max_splits, p.ns = ns, p.max_nb = max_nb, p.eps = d->eps;
     p.x = d->x, p.qkv = d->qkv, p.part = d->part, p.q = d->q, p.xq = d->xq, p.xd = d->xd;
+    p.xqn = d->xqn, p.xdn = d->xdn;
     p.T = 1, p.ldcap = d->ldcap;
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);

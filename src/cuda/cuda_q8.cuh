@@ -129,44 +129,6 @@ struct q8_src_global {
     __device__ __forceinline__ float4 w4(int i) const { return __ldg((const float4 *)(nw + i)); }
 };
 
-/* The sum of squares of virtual thread v of the quantiser's Q8_THREADS: x's float4s v, v + Q8_THREADS, ..
- * in order, in double. */
-template <class SRC> __device__ __forceinline__ double q8_sumsq_src(const SRC &src, int v, int K) {
-    double ss = 0;
-#pragma unroll 4
-    for (int j = v; j < K / 4; j += Q8_THREADS) {
-        const float4 x = src.first(j);
-        ss += (double)x.x * x.x;
-        ss += (double)x.y * x.y;
-        ss += (double)x.z * x.z;
-        ss += (double)x.w * x.w;
-    }
-    return ss;
-}
-/* 1 / rms from the Q8_WARPS warps' sums, added in warp order. */
-__device__ __forceinline__ float q8_rms_inv(const double *part, int K, float eps) {
-    double tot = 0;
-    for (int w = 0; w < Q8_WARPS; w++) tot += part[w];
-    return (float)(1.0 / sqrt(tot / (double)K + (double)eps));
-}
-/* 32-block b of x times r (and the norm weight, when src.norm()), quantised: its scale, its quants in q. */
-template <class SRC>
-__device__ __forceinline__ float q8_quant_block_src(const SRC &src, float r, int b, uint32_t (&q)[8]) {
-    float v[32];
-#pragma unroll
-    for (int j = 0; j < 32; j += 4) {
-        const float4 xv = src.x4(b * 32 + j);
-        v[j] = __fmul_rn(xv.x, r), v[j + 1] = __fmul_rn(xv.y, r);
-        v[j + 2] = __fmul_rn(xv.z, r), v[j + 3] = __fmul_rn(xv.w, r);
-        if (src.norm()) {
-            const float4 wv = src.w4(b * 32 + j);
-            v[j] = __fmul_rn(v[j], wv.x), v[j + 1] = __fmul_rn(v[j + 1], wv.y);
-            v[j + 2] = __fmul_rn(v[j + 2], wv.z), v[j + 3] = __fmul_rn(v[j + 3], wv.w);
-        }
-    }
-    return quant_block32(v, q);
-}
-
 /* One token of x (f32 [K], from src): RMSNorm with weight nw (when src.norm(); double sum of squares,
  * per-thread partials over a fixed float4 stride, the warp butterfly, then the 8 warps in order), then
  * ggml's Q8_0 quantisation of each 32-block by one thread, into out. Called by Q8_THREADS threads
@@ -178,36 +140,38 @@ __device__ __forceinline__ void q8_quant_row_src(const SRC &src, float eps, int 
     const int tid = threadIdx.x, NB = K >> 5;
     float r = 1.0f;
     if (src.norm()) {
-        const double ss = warp_sum_d(q8_sumsq_src(src, tid, K));
+        double ss = 0;
+#pragma unroll 4
+        for (int j = tid; j < K / 4; j += Q8_THREADS) {
+            const float4 v = src.first(j);
+            ss += (double)v.x * v.x;
+            ss += (double)v.y * v.y;
+            ss += (double)v.z * v.z;
+            ss += (double)v.w * v.w;
+        }
+        ss = warp_sum_d(ss);
         if ((tid & 31) == 0) part[tid >> 5] = ss;
         bar.sync();
-        r = q8_rms_inv(part, K, eps);
+        double tot = 0;
+        for (int w = 0; w < Q8_WARPS; w++) tot += part[w];
+        r = (float)(1.0 / sqrt(tot / (double)K + (double)eps));
     }
     for (int b = tid; b < NB; b += Q8_THREADS) {
+        float v[32];
+#pragma unroll
+        for (int j = 0; j < 32; j += 4) {
+            const float4 xv = src.x4(b * 32 + j);
+            v[j] = __fmul_rn(xv.x, r), v[j + 1] = __fmul_rn(xv.y, r);
+            v[j + 2] = __fmul_rn(xv.z, r), v[j + 3] = __fmul_rn(xv.w, r);
+            if (src.norm()) {
+                const float4 wv = src.w4(b * 32 + j);
+                v[j] = __fmul_rn(v[j], wv.x), v[j + 1] = __fmul_rn(v[j + 1], wv.y);
+                v[j + 2] = __fmul_rn(v[j + 2], wv.z), v[j + 3] = __fmul_rn(v[j + 3], wv.w);
+            }
+        }
         uint32_t q[8];
-        const float d = q8_quant_block_src(src, r, b, q);
+        const float d = quant_block32(v, q);
         out.put(b, d, q);
-    }
-    bar.sync();
-}
-/* T tokens of x, each normed and quantised with q8_quant_row_src's operations in its order (the same bits):
- * the nthreads threads (a multiple of 32) that bar synchronises take its Q8_WARPS warps of every token in
- * turn, then the blocks; src.row(t) is token t's source (with norm weights), out.put(t, b, d, q) takes
- * block b of token t, part holds T * Q8_WARPS doubles. Ends with the threads synchronised. */
-template <class SRC, class SINK, class BAR>
-__device__ __forceinline__ void q8_quant_rows_src(const SRC &src, int T, float eps, int K, const SINK &out,
-                                                  double *part, int nthreads, const BAR &bar) {
-    const int tid = threadIdx.x, lane = tid & 31, NB = K >> 5;
-    for (int u = tid >> 5; u < T * Q8_WARPS; u += nthreads >> 5) {
-        const double ss = warp_sum_d(q8_sumsq_src(src.row(u / Q8_WARPS), (u % Q8_WARPS) * 32 + lane, K));
-        if (lane == 0) part[u] = ss;
-    }
-    bar.sync();
-    for (int i = tid; i < T * NB; i += nthreads) {
-        const int t = i / NB, b = i - t * NB;
-        uint32_t q[8];
-        const float d = q8_quant_block_src(src.row(t), q8_rms_inv(part + t * Q8_WARPS, K, eps), b, q);
-        out.put(t, b, d, q);
     }
     bar.sync();
 }
