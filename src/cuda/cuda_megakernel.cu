@@ -615,10 +615,8 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                                   P.rope, P.pos, P.q, L.kc, L.vc,
                                   mk_group{gtid, MK_BAR_GRP + grp, (double *)m.red + grp * 32});
             sync(4);
-        } else {
-            mark(4),
-                mark(
-                    5); /* (the q/k norms' phase and barrier of the trace: a step's are in the attention's) */
+        } else { /* (the q/k norms' phase and barrier of the trace: a step's are in the attention's) */
+            mark(4), mark(5);
         }
         /* attention: a (KV head, 64-key split) unit per block at a time. A step's unit first norms and
          * rotates its heads, a head per group of 64 threads: its G query heads straight into the unit's
@@ -811,7 +809,8 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
         return no("the persistent block does not fit an SM");
 
     fmc_mk *mk = new fmc_mk();
-    mk->kernel = kernel, mk->coop = 1, mk->grid = (unsigned)sms, mk->smem = smem, mk->max_T = max_T;
+    mk->kernel = kernel, mk->coop = 1, mk->grid = (unsigned)sms, mk->smem = smem;
+    mk->max_T = std::min(max_T, sms); /* block t norms row t */
     mk_params &p = mk->p;
     p.n_layers = d->n_layers, p.dim = d->dim, p.n_heads = d->n_heads, p.n_kv = d->n_kv, p.ffn = d->ffn;
     p.max_splits = d->max_splits, p.ns = ns, p.max_nb = max_nb, p.eps = d->eps;
