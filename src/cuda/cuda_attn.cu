@@ -89,12 +89,6 @@ __host__ __device__ constexpr bool attn_spreads(int hd, int qr) {
 /* Tiles [0, tiles) of a split block on KW warps each (warp w: tile w / KW, its part w % KW), by
  * attn_split_tile_kw through xs (ATTN_XS_FLOATS a tile), with named barrier 1 + tile for each tile's warps.
  */
-struct attn_tile_bar {
-    int id, n;
-    __device__ __forceinline__ void sync() const {
-        asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-    }
-};
 template <int HD, int QR, int KW>
 __device__ __forceinline__ void attn_tile_spread(int T, int n_heads, int n_kv, const int *pos, int causal,
                                                  const __half *Qs, const uint32_t *Ks, const __half *Vs,
@@ -103,7 +97,7 @@ __device__ __forceinline__ void attn_tile_spread(int T, int n_heads, int n_kv, c
     if (rw >= tiles) return;
     const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, pos, causal, blockIdx.y, blockIdx.z, rw);
     attn_split_tile_kw<HD, QR, KW>(a, Qs, Ks, Vs, s, n_heads, max_splits, part, xs + rw * ATTN_XS_FLOATS,
-                                   warp % KW, attn_tile_bar{1 + rw, KW * 32});
+                                   warp % KW, named_bar{1 + rw, KW * 32});
 }
 
 /* Loads through registers: all of a round's 16-byte loads in flight at once, then stored. */

@@ -132,6 +132,18 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+/* Barrier id (1 .. 15; 0 is __syncthreads) of n threads (a multiple of 32): a group of warps meets without
+ * stopping the rest of the block. */
+__device__ __forceinline__ void named_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+/* The same as an object, for code that takes its barrier as a parameter (the quantiser, an attention tile
+ * on several warps, a merge unit). */
+struct named_bar {
+    int id, n;
+    __device__ __forceinline__ void sync() const { named_sync(id, n); }
+};
+
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

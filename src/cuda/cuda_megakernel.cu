@@ -110,9 +110,6 @@ struct mk_params {
 /* A waiting loop that outlives this has lost a count: trap (the launch fails) rather than hang the device. */
 constexpr unsigned long long MK_TIMEOUT_NS = 5000000000ull;
 
-__device__ __forceinline__ void named_sync(int id, int n) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -332,12 +329,6 @@ struct mk_norm_src {
     __device__ __forceinline__ float4 x4(int i) const { return *(const float4 *)(xs + i); }
     __device__ __forceinline__ float4 w4(int i) const { return *(const float4 *)(nw + i); }
 };
-/* A named barrier of n threads: the quantiser's (MK_BAR_Q8, the first Q8_THREADS), the attention tile's 4
- * warps (attn_split_tile_kw), a merge unit's (mk_combine). */
-struct mk_bar {
-    int id, n;
-    __device__ __forceinline__ void sync() const { named_sync(id, n); }
-};
 /* A group of 64 threads (qk_norm_rope_head, the attention's units). */
 struct mk_group {
     int t, id;
@@ -362,7 +353,7 @@ __device__ __forceinline__ void qk_store_q(const mk_q_smem<HD> &q, int, int hh, 
 /* (the attention tile's exchange: the products' reduction buffer is free meanwhile) */
 static_assert(ATTN_XS_FLOATS <= MK_RED_FLOATS, "attn_split_tile_kw exchanges through m.red");
 /* A merge unit of HD threads: partials loaded through L2 (other blocks wrote them in this launch). */
-struct mk_combine : mk_bar {
+struct mk_combine : named_bar {
     __device__ __forceinline__ void fetch(float *dst, const float *src, int n2, int i, int nt) const {
         for (int k = i; k < n2; k += nt) *(float2 *)(dst + 2 * k) = __ldcg((const float2 *)(src + 2 * k));
     }
@@ -590,14 +581,14 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                 if ((int)blockIdx.x < T && tid < Q8_THREADS)
                     q8_quant_row_src(mk_norm_src{P.x + (size_t)blockIdx.x * P.dim, m.xcp, nws}, P.eps, P.dim,
                                      q8_frag_sink{P.xqn, P.xdn, (int)blockIdx.x, P.dim / 32},
-                                     mk_bar{MK_BAR_Q8, Q8_THREADS});
+                                     named_bar{MK_BAR_Q8, Q8_THREADS});
                 mk_grid_sync(P.bar, target);
                 mk_load_act<TT>(P.xqn, P.xdn, P.dim, m);
                 return;
             }
             if (tid < Q8_THREADS)
                 q8_quant_row_src(mk_norm_src{P.x, m.xcp, nws}, P.eps, P.dim, sink,
-                                 mk_bar{MK_BAR_Q8, Q8_THREADS});
+                                 named_bar{MK_BAR_Q8, Q8_THREADS});
             if ((int)MK_THREADS > (int)Q8_THREADS)
                 named_sync(MK_BAR_ALL, MK_THREADS); /* the products read it */
         };
@@ -650,7 +641,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                 if (tile * 16 < a.nq)
                     attn_split_tile_kw<HD, QR, 4>(a, Qs, Ks, Vs, s, n_heads, P.max_splits, P.part,
                                                   TT == 1 ? m.red : txs + tile * ATTN_XS_FLOATS, warp & 3,
-                                                  mk_bar{MK_BAR_GRP + 1 + tile, 128});
+                                                  named_bar{MK_BAR_GRP + 1 + tile, 128});
             }
             named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
         }
