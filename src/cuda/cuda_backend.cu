@@ -20,122 +20,7 @@
 #include <chrono>
 #include <vector>
 
-#include "cuda/cuda_backend.h"
-#include "cuda/cuda_debug.h"
-#include "cuda/cuda_kernels.cuh"
-#include "cuda/cuda_sample.cuh"
-#include "decode/sampler.h"
-#include "drafter/drafter_internal.h"
-
-enum { MODE_NONE = 0, MODE_LAST = 1, MODE_ALL = 2, MAX_GRAPHS = 96, GRAPH_MAX_T = 32, DRAFT_ROWS = 64 };
-/* Sampling candidates a row brings back from the GPU; a row with more is read whole. */
-enum { SAMPLE_CAP = 2048 };
-
-typedef struct {
-    fmc_q8 qkv, wo, gu, down; /* gu: [gate; up] */
-    float *attn_norm, *q_norm, *k_norm, *ffn_norm;
-} dlayer_t;
-
-/* A drafter matrix: BF16 (h) or Q8_0 (q, when is_q8). */
-typedef struct {
-    int is_q8;
-    fmc_q8 q;
-    fmc_bf16 h;
-} dmat_t;
-
-typedef struct {
-    dmat_t sqkv, so, cq, co, fc1, fc2;
-    float *fc1_b, *fc2_b, *sq_norm, *sk_norm, *cq_norm, *ck_norm;
-    __half *kc, *vc; /* [max_ctx][D] */
-} ddlayer_t;
-
-typedef struct {
-    int T, mode, form; /* form: the attention's (FMC_ATT_SHORT / _LONG) */
-    cudaGraphExec_t exec;
-} graph_t;
-
-struct fm_cuda_backend {
-    /* target shape */
-    int n_layers, dim, n_heads, n_kv, hd, ffn, vocab, q_dim, kv_dim;
-    float eps;
-    int n_ctx, max_eval, n_capture, fw, max_splits, rows_cap, maxK;
-    int *cap_slot;    /* [n_layers] */
-    float *gemm_part; /* split-K scratch shared by every product (fmc_split) */
-    unsigned *gemm_cnt;
-    int pos;
-    cudaStream_t st;
-    std::vector<void *> *allocs;
-    /* target weights */
-    fmc_q8 tok, out;
-    float *out_norm, *rope;
-    dlayer_t *L;
-    __half *kc, *vc; /* [n_layers][n_ctx][kv_dim] */
-    /* activations, [rows_cap] rows; quantised ones in fragment order, two sets: xq0 holds the normalised
-     * input of qkv / gate-up / lm_head, xq1 the attention output and the SiLU-gate output */
-    float *x, *qkv, *q, *feat, *logits, *part, *xd0, *xd1;
-    int8_t *xq0, *xq1;
-    int32_t *d_ids;
-    unsigned long long *d_am; /* packed argmax (fmc_argmax) */
-    int *d_pos;
-    int32_t *h_ids; /* pinned */
-    unsigned long long *h_am;
-    int *h_pos;
-    int last_logit_rows, last_rows;
-    /* sampling (decode/sampler.h, cuda_sample.cuh): greedy until set_sampling says otherwise; only each
-     * row's candidates or its draw come back, and the host draws from candidates with the CPU's code */
-    fm_sampling sampling;
-    void *d_res, *h_res; /* what comes back, one copy: the three arrays below, on the device and pinned */
-    int *d_cnt, *h_cnt;  /* [rows_cap] */
-    unsigned long long *d_pick, *h_pick; /* [rows_cap] */
-    fmc_candidate *d_cand, *h_cand;      /* [rows_cap][SAMPLE_CAP] */
-    fmc_sample_scratch sscr;
-    fm_candidate *cand; /* [vocab] */
-    float *h_row;       /* [vocab]: a row with more than SAMPLE_CAP candidates */
-    /* penalties: the sequence so far (set_history; its last n_gen generated), each row's (id, delta, scale)
-     * list built on the host */
-    const int32_t *seq;
-    int n_seq, n_gen, pen_cap;
-    int *pen_counts;            /* [vocab] zeroed */
-    int *h_pen_off, *d_pen_off; /* [rows_cap + 1] */
-    fm_penalty *h_pen, *d_pen;  /* [pen_cap] */
-    float *d_draft_raw;         /* [block][vocab]: a draft's unpenalised logits (draft_penalized) */
-    int32_t *h_hist;            /* [hist_cap]: the history and the final draft slots */
-    int hist_cap;
-    /* the one-token forward in one persistent launch (cuda_megakernel.cu; NULL where the device or the
-     * model cannot take it, mk_why says why), used for steps by use_mk (MK_OFF, MK_ALWAYS, MK_SHORT); and
-     * its instance for verify blocks of 2 .. fmc_mk_max_tokens rows (mkv, mkv_why), by the same rule
-     * unless use_mkv is 0 (FMC_MEGA_VERIFY=0) */
-    fmc_mk *mk, *mkv;
-    int use_mk, use_mkv, trace_verify; /* trace_verify: the phase clock is the verify instance's */
-    char mk_why[160], mkv_why[160];
-    /* graphs, programmatic dependent launch */
-    int use_graphs, use_pdl, n_graphs;
-    double warm_ms; /* the graphs captured at creation (warm_graphs) took this long */
-    graph_t graphs[MAX_GRAPHS];
-    cudaGraphExec_t draft_exec[2][2]; /* [heads of 8 rows, of the whole block][attention form] */
-    int att_form; /* the attention form of the forward or draft being captured / launched */
-    /* drafter (has_drafter == 0: none) */
-    int has_drafter;
-    fm_drafter_hparams dhp;
-    int dmax_ctx, dlength;
-    dmat_t fc, anchor_proj, head;
-    dmat_t ckv; /* every layer's cross K/V [k0; v0; k1; v1; ...]: all read the same context rows */
-    float *dkv; /* [DRAFT_ROWS][n_layers][2 dim] */
-    int d_rows; /* rows of the head, lm_head and argmax in the draft being captured / launched */
-    float *anchor_b, *head_b, *hidden_norm, *anchor_norm, *mods, *slot_input, *inv_freq;
-    ddlayer_t *DL;
-    float *dx, *dh, *dqkv, *datt, *du, *dtmp, *dhead, *dlogits;
-    int8_t *dxq; /* the Q8_0 matrices' quantised activations (fragment order), DRAFT_ROWS rows */
-    float *dxd;
-    unsigned long long *dam;
-    int32_t *d_anchor;
-    int *d_dpos;
-    int dsplits;                 /* FMC_ATT_SPLIT-key splits of the drafter's context */
-    fmc_dr_kv_layers dkv_layers; /* every layer's cross key norm and K/V caches, for fmc_dr_kv_rows */
-    float *dpart;                /* [block][n_heads][dsplits][head_dim + 2] */
-    float *pending;              /* [pend_cap][fw] */
-    int pend_rows, pend_start, pend_cap;
-};
+#include "cuda/cuda_backend_state.h"
 
 #define CK(call)                                                                                             \
     do {                                                                                                     \
@@ -607,7 +492,6 @@ static int graph_form(const fm_cuda_backend *b, int T);
  * (MK_SHORT) while the attention takes the short form: past it the persistent step's attention, one (KV head,
  * 64-key split) unit a block at a time, is slower than the kernels' (H100, 12 warps: 3.3 % faster at 512
  * positions, 3.5 % slower at 4096, 33 % at 16k; bench/RESULTS.md). Both give the same bits. */
-enum { MK_OFF, MK_ALWAYS, MK_SHORT };
 static int mk_step(const fm_cuda_backend *b) {
     return b->use_mk == MK_ALWAYS || (b->use_mk == MK_SHORT && graph_form(b, 1) == FMC_ATT_SHORT);
 }
@@ -654,7 +538,7 @@ static void target_forward(fm_cuda_backend *b, int T, int mode) {
     fmc_argmax(b->logits, rows, b->vocab, b->d_am, pdl, s);
 }
 
-static void drop_graphs(fm_cuda_backend *b) {
+void drop_graphs(fm_cuda_backend *b) {
     cudaStreamSynchronize(b->st);
     for (int i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graphs[i].exec);
     b->n_graphs = 0;
@@ -895,8 +779,8 @@ static void cu_rewind(void *ctx, int pos) {
 /* y = epilogue(W x + bias) on the product of the matrix's type (mode: FMC_BF16_STORE, _GELU, _GATE_ADD); a
  * Q8_0 matrix first quantises x into dxq / dxd as the CPU's Q8_0 drafter does, or, with x == NULL, takes
  * them as ln_mod left them. */
-static void dmm(fm_cuda_backend *b, const dmat_t *w, const float *x, int ldx, int T, float *y, int ldy,
-                const float *bias, int mode, const float *gate, int pdl) {
+void dmm(fm_cuda_backend *b, const dmat_t *w, const float *x, int ldx, int T, float *y, int ldy,
+         const float *bias, int mode, const float *gate, int pdl) {
     if (w->is_q8) {
         const fmc_q8_in in = {b->dxq, b->dxd, x, ldx, NULL, 0.f};
         fmc_q8_dmatmul(&w->q, &in, T, y, ldy, bias, mode, gate, pdl, b->st);
@@ -921,7 +805,7 @@ static const float *mod_at(const fm_cuda_backend *b, int idx) {
 }
 
 /* Context rows start .. start+n-1 from device feature rows src [n][fw]. */
-static int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start, char *err, size_t errlen) {
+int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start, char *err, size_t errlen) {
     const fm_drafter_hparams *hp = &b->dhp;
     const int D = hp->dim;
     if (start < 0 || start > b->dlength || start + n > b->dmax_ctx) {
@@ -946,7 +830,7 @@ static int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start
     return 0;
 }
 
-static int flush(fm_cuda_backend *b, char *err, size_t errlen) {
+int flush_pending(fm_cuda_backend *b, char *err, size_t errlen) {
     if (b->pend_rows && drafter_extend(b, b->pending, b->pend_rows, b->pend_start, err, errlen)) return -1;
     b->pend_rows = 0;
     return 0;
@@ -958,7 +842,7 @@ static int cu_commit_features(void *ctx, int n, int start, char *err, size_t err
     if (n > b->last_rows)
         return fail(err, errlen, "cuda: commit of more feature rows than the last eval made");
     if (b->pend_rows && (b->pend_start + b->pend_rows != start || b->pend_rows + n > b->pend_cap) &&
-        flush(b, err, errlen))
+        flush_pending(b, err, errlen))
         return -1;
     if (b->pend_rows == 0) b->pend_start = start;
     CK(cudaMemcpyAsync(b->pending + (size_t)b->pend_rows * b->fw, b->feat, (size_t)n * b->fw * 4,
@@ -1095,7 +979,7 @@ static int draft_penalized(fm_cuda_backend *b, int pos, int n_out, int32_t *out,
 static int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *err, size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (!b->has_drafter) return fail(err, errlen, "no drafter loaded");
-    if (flush(b, err, errlen)) return -1;
+    if (flush_pending(b, err, errlen)) return -1;
     const int K = b->dhp.block;
     if (n_out < 1 || n_out > K) {
         snprintf(err, errlen, "drafter: %d draft tokens asked for, expected 1..%d", n_out, K);
@@ -1254,277 +1138,4 @@ extern "C" fm_decode_backend fm_cuda_backend_ops(fm_cuda_backend *b) {
     ops.draft = cu_draft;
     ops.reset = cu_reset;
     return ops;
-}
-
-/* ---- debug hooks ---- */
-
-extern "C" int fm_cuda_debug_logits(fm_cuda_backend *b, float *out, int rows) {
-    if (rows > b->last_logit_rows) return -1;
-    return cudaMemcpy(out, b->logits, (size_t)rows * b->vocab * 4, cudaMemcpyDeviceToHost) == cudaSuccess
-               ? 0
-               : -1;
-}
-
-extern "C" int fm_cuda_debug_features(fm_cuda_backend *b, float *out, int rows) {
-    if (rows > b->last_rows || !b->fw) return -1;
-    return cudaMemcpy(out, b->feat, (size_t)rows * b->fw * 4, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
-}
-
-extern "C" int fm_cuda_debug_draft_head(fm_cuda_backend *b, float *out) {
-    if (!b->has_drafter) return -1;
-    return cudaMemcpy(out, b->dhead, (size_t)b->dhp.block * b->dhp.target_dim * 4, cudaMemcpyDeviceToHost) ==
-                   cudaSuccess
-               ? 0
-               : -1;
-}
-
-extern "C" int fm_cuda_debug_draft_logits(fm_cuda_backend *b, float *out, int rows) {
-    if (!b->has_drafter || rows < 1 || rows > b->d_rows) return -1;
-    return cudaMemcpy(out, b->dlogits, (size_t)rows * b->vocab * 4, cudaMemcpyDeviceToHost) == cudaSuccess
-               ? 0
-               : -1;
-}
-
-extern "C" int fm_cuda_debug_drafter_context(fm_cuda_backend *b, const float *feat, int n, int start) {
-    char err[256];
-    if (!b->has_drafter || n < 1 || n > b->pend_cap || flush(b, err, sizeof err) ||
-        cudaStreamSynchronize(b->st) != cudaSuccess ||
-        cudaMemcpy(b->pending, feat, (size_t)n * b->fw * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
-        drafter_extend(b, b->pending, n, start, err, sizeof err))
-        return -1;
-    return cudaStreamSynchronize(b->st) == cudaSuccess ? 0 : -1;
-}
-
-extern "C" void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on) {
-    b->use_graphs = on;
-}
-
-extern "C" double fm_cuda_debug_warm_ms(const fm_cuda_backend *b) {
-    return b->warm_ms;
-}
-
-extern "C" void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on) {
-    drop_graphs(b);
-    b->use_pdl = on;
-}
-
-extern "C" void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on) {
-    drop_graphs(b);
-    fmc_q8_set_reg_all(on);
-}
-
-extern "C" int fm_cuda_debug_set_mega(fm_cuda_backend *b, int mode) {
-    if (mode < 0) return b->use_mk;
-    drop_graphs(b);
-    b->use_mk = b->mk && mode <= MK_SHORT ? mode : MK_OFF;
-    return b->use_mk;
-}
-
-/* The instance the trace reads: the verify blocks' after fm_cuda_debug_mega_trace(b, 2, NULL). */
-static fmc_mk *traced_mk(const fm_cuda_backend *b) {
-    return b->trace_verify ? b->mkv : b->mk;
-}
-
-extern "C" int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us) {
-    if (!us) {
-        if (b->mk) fmc_mk_trace(b->mk, 0);
-        if (b->mkv) fmc_mk_trace(b->mkv, 0);
-        b->trace_verify = on == 2;
-        drop_graphs(b);
-        return traced_mk(b) ? fmc_mk_trace(traced_mk(b), on != 0) : -1;
-    }
-    if (!traced_mk(b)) return -1;
-    cudaStreamSynchronize(b->st);
-    return fmc_mk_trace_read(traced_mk(b), us);
-}
-
-extern "C" int fm_cuda_debug_mega_blocks(fm_cuda_backend *b, double *us, int *info, int max_blocks) {
-    if (!traced_mk(b)) return -1;
-    cudaStreamSynchronize(b->st);
-    return fmc_mk_trace_blocks(traced_mk(b), us, info, max_blocks);
-}
-
-extern "C" const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages) {
-    *stages = b->mk ? fmc_mk_stages(b->mk) : 0;
-    if (!b->mk) return b->mk_why;
-    const int coop = fmc_mk_cooperative(b->mk);
-    static const char *const state[3][2] = {{"off, plain launch", "off, cooperative launch"},
-                                            {"on, plain launch", "on, cooperative launch"},
-                                            {"on in the short attention form, plain launch",
-                                             "on in the short attention form, cooperative launch"}};
-    return state[b->use_mk][coop != 0];
-}
-
-extern "C" const char *fm_cuda_debug_mega_verify(const fm_cuda_backend *b, int *max_T) {
-    *max_T = b->mkv && b->use_mkv ? fmc_mk_max_tokens(b->mkv) : 0;
-    return !b->mkv ? b->mkv_why : b->use_mkv ? "on with the step's" : "off (FMC_MEGA_VERIFY=0)";
-}
-
-extern "C" void fm_cuda_debug_set_q8_gemv(fm_cuda_backend *b, int rd) {
-    drop_graphs(b);
-    fmc_q8_set_gemv(rd);
-}
-
-static uint64_t q8_bytes(const fmc_q8 *w) {
-    return (uint64_t)w->N * w->K + (uint64_t)w->N * (w->K / 32) * 2;
-}
-
-extern "C" uint64_t fm_cuda_debug_step_bytes(const fm_cuda_backend *b) {
-    uint64_t s = q8_bytes(&b->out);
-    for (int l = 0; l < b->n_layers; l++)
-        s += q8_bytes(&b->L[l].qkv) + q8_bytes(&b->L[l].wo) + q8_bytes(&b->L[l].gu) + q8_bytes(&b->L[l].down);
-    return s;
-}
-
-/* One launch of kernel group `which` for layer l (or the lm_head) on T rows, as the forward issues it. */
-static void time_one(fm_cuda_backend *b, int which, int l, int T, int pdl) {
-    cudaStream_t s = b->st;
-    const dlayer_t *L = &b->L[l];
-    const fmc_q8_in xq_in = {b->xq1, b->xd1, NULL, 0, NULL, 0.f};
-    const fmc_q8_in x_in = {b->xq0, b->xd0, b->x, b->dim, L->attn_norm, b->eps};
-    __half *kc = b->kc + (size_t)l * b->n_ctx * b->kv_dim, *vc = b->vc + (size_t)l * b->n_ctx * b->kv_dim;
-    switch (which) {
-    case 0:
-        fmc_q8_matmul(&L->qkv, &x_in, T, b->qkv, b->q_dim + 2 * b->kv_dim, 0, NULL, 0, pdl, s);
-        break;
-    case 1:
-        fmc_q8_matmul(&L->wo, &xq_in, T, b->qkv, b->dim, 0, NULL, 0, pdl, s);
-        break;
-    case 2:
-        fmc_q8_glu(&L->gu, &x_in, T, b->xq1, b->xd1, pdl, s);
-        break;
-    case 3:
-        fmc_q8_matmul(&L->down, &xq_in, T, b->qkv, b->dim, 0, NULL, 0, pdl, s);
-        break;
-    case 4:
-        fmc_q8_matmul(&b->out, &x_in, T, b->logits, b->vocab, 0, NULL, 0, pdl, s);
-        break;
-    case 6:
-        dmm(b, &b->DL[l % b->dhp.n_layers].fc1, b->dh, b->dhp.dim, T, b->du, b->dhp.ffn,
-            b->DL[l % b->dhp.n_layers].fc1_b, FMC_BF16_GELU, NULL, pdl);
-        break;
-    case 7:
-        dmm(b, &b->DL[l % b->dhp.n_layers].fc2, b->du, b->dhp.ffn, T, b->dx, b->dhp.dim,
-            b->DL[l % b->dhp.n_layers].fc2_b, FMC_BF16_GATE_ADD, b->mods, pdl);
-        break;
-    default:
-        fmc_attention_q8(b->q, T, b->n_heads, b->n_kv, b->hd, kc, vc, b->d_pos, 1, b->max_splits, b->part,
-                         b->xq1, b->xd1, b->att_form, pdl, s);
-    }
-}
-
-/* Median milliseconds of `reps` replays (after 2) of the graph that record() captures on the backend's
- * stream, or < 0 on error. */
-template <class F> static double time_captured(fm_cuda_backend *b, F &&record, int reps) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    if (cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
-    record();
-    if (cudaStreamEndCapture(b->st, &g) != cudaSuccess) return -1;
-    const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
-    cudaGraphDestroy(g);
-    if (e != cudaSuccess) return -1;
-    const double ms = fmc_median_ms([&] { cudaGraphLaunch(ge, b->st); }, b->st, 2, reps);
-    cudaGraphExecDestroy(ge);
-    return cudaGetLastError() != cudaSuccess ? -1 : ms;
-}
-
-extern "C" double fm_cuda_debug_time_kernel(fm_cuda_backend *b, int which, int T, int pdl, uint64_t *bytes) {
-    if (which >= 6 && (!b->has_drafter || T > b->dhp.block)) return -1;
-    const int reps = which == 4 ? 4 : which >= 6 ? b->dhp.n_layers : b->n_layers;
-    const fmc_q8 *w = which == 0   ? &b->L[0].qkv
-                      : which == 1 ? &b->L[0].wo
-                      : which == 2 ? &b->L[0].gu
-                      : which == 3 ? &b->L[0].down
-                                   : &b->out;
-    const dmat_t *dm = which == 6 ? &b->DL[0].fc1 : which == 7 ? &b->DL[0].fc2 : NULL;
-    *bytes = which <= 4 ? q8_bytes(w)
-             : dm       ? (dm->is_q8 ? q8_bytes(&dm->q) : (uint64_t)b->dhp.dim * b->dhp.ffn * 2)
-                        : 0;
-    *b->h_pos = b->pos > 0 ? b->pos - 1 : 0;
-    cudaMemcpy(b->d_pos, b->h_pos, 4, cudaMemcpyHostToDevice);
-    const double ms = time_captured(
-        b,
-        [&] {
-            for (int i = 0; i < reps; i++) time_one(b, which, i % b->n_layers, T, pdl);
-        },
-        10);
-    return ms < 0 ? -1 : ms * 1e3 / reps;
-}
-
-/* ---- the persistent-launch experiment (cuda_q8_persist.cu) ---- */
-
-/* The step's 145 one-token products in the order a step runs them, on the step's activation buffers (their
- * contents are whatever the last eval left: timing, and the bit-for-bit check, need no meaning). */
-static int persist_products(fm_cuda_backend *b, fmc_persist_product *pr) {
-    int n = 0;
-    for (int l = 0; l < b->n_layers; l++) {
-        const dlayer_t *L = &b->L[l];
-        pr[n++] = {&L->qkv, b->xq0, b->xd0, FMC_PERSIST_STORE, b->qkv, b->q_dim + 2 * b->kv_dim};
-        pr[n++] = {&L->wo, b->xq1, b->xd1, FMC_PERSIST_ADD, b->x, b->dim};
-        pr[n++] = {&L->gu, b->xq0, b->xd0, FMC_PERSIST_GLU, NULL, 0};
-        pr[n++] = {&L->down, b->xq1, b->xd1, FMC_PERSIST_ADD, b->x, b->dim};
-    }
-    pr[n++] = {&b->out, b->xq0, b->xd0, FMC_PERSIST_STORE, b->logits, b->vocab};
-    return n;
-}
-
-/* One product as the engine launches it (no quantiser: its activations are in place). */
-static void launch_product(fm_cuda_backend *b, const fmc_persist_product *p, int pdl) {
-    const fmc_q8_in in = {(int8_t *)p->xq, (float *)p->xd, NULL, 0, NULL, 0.f};
-    if (p->mode == FMC_PERSIST_GLU)
-        fmc_q8_glu(p->w, &in, 1, b->xq1, b->xd1, pdl, b->st);
-    else
-        fmc_q8_matmul(p->w, &in, 1, p->y, p->ldy, p->mode == FMC_PERSIST_ADD, NULL, 0, pdl, b->st);
-}
-
-/* One product by the engine's launch (form < 0, pdl off) or by a persistent form; its output copied to host.
- */
-static int persist_one(fm_cuda_backend *b, const fmc_persist_product *p, int form, unsigned *done,
-                       std::vector<unsigned char> &out) {
-    const int glu = p->mode == FMC_PERSIST_GLU;
-    void *o = glu ? (void *)b->xq1 : (void *)p->y;
-    const size_t bytes = glu ? (size_t)p->w->N / 2 / 32 * 256 : (size_t)p->w->N * 4; /* token 0's rows */
-    int grid = 0, smem = 0;
-    out.resize(bytes);
-    cudaMemset(o, 0, bytes);
-    if (form < 0)
-        launch_product(b, p, 0);
-    else {
-        if (fmc_q8_persist_prepare(p, 1, b->xq1, b->xd1, form, &grid, &smem)) return -1;
-        fmc_q8_persist_launch(form, done, 1, 1, grid, smem, b->st);
-    }
-    return cudaStreamSynchronize(b->st) != cudaSuccess ||
-                   cudaMemcpy(out.data(), o, bytes, cudaMemcpyDeviceToHost) != cudaSuccess
-               ? -1
-               : 0;
-}
-
-extern "C" double fm_cuda_debug_persist(fm_cuda_backend *b, int form, int waits) {
-    fmc_persist_product pr[4 * 40 + 1];
-    if (b->n_layers > 40 || form >= FMC_PERSIST_FORMS) return -1;
-    const int n = persist_products(b, pr);
-    static unsigned *done = NULL;
-    if (!done && cudaMalloc(&done, sizeof(unsigned) * n) != cudaSuccess) return -1;
-    if (waits < 0) { /* the form against the engine, bit for bit: each kind of product, and the lm_head */
-        const int pick[] = {0, 1, 2, 3, n - 1};
-        int differ = 0;
-        for (int k : pick) {
-            std::vector<unsigned char> A, B;
-            if (persist_one(b, &pr[k], -1, done, A) || persist_one(b, &pr[k], form, done, B)) return -1;
-            differ += A != B;
-        }
-        return differ;
-    }
-    int grid = 0, smem = 0;
-    if (form >= 0 && fmc_q8_persist_prepare(pr, n, b->xq1, b->xd1, form, &grid, &smem)) return -1;
-    return time_captured(
-        b,
-        [&] {
-            if (form >= 0)
-                fmc_q8_persist_launch(form, done, n, waits, grid, smem, b->st);
-            else
-                for (int i = 0; i < n; i++) launch_product(b, &pr[i], waits);
-        },
-        20);
 }

@@ -1,5 +1,6 @@
 /* cuda_debug.h: read-back and timing hooks of the CUDA backend for device tests and benchmarks (not used by
- * the engine). Plain C. */
+ * the engine). Plain C. Those on a backend are in cuda_backend_debug.cu, the device's and single kernels'
+ * in cuda_debug.cu. */
 #ifndef FM_CUDA_DEBUG_H
 #define FM_CUDA_DEBUG_H
 
