@@ -199,20 +199,19 @@ __device__ __forceinline__ int8_t quant_lane(float v, float *d_out) {
     return (int8_t)roundf(v * id);
 }
 
-/* The same for a 32-block held by one thread (v[32]); q receives 8 packed words. */
-__device__ __forceinline__ float quant_block32(const float *v, uint32_t *q) {
-    float amax = 0.0f;
+/* The same for a 32-block held by 8 lanes of a warp (lanes 8k .. 8k + 7, lane i its values 4 (i % 8) ..
+ * 4 (i % 8) + 3): the block's amax by a max butterfly (max is exact: any order gives ggml's), the lane's 4
+ * quants packed into *word; every lane gets the scale. Every lane of the warp calls it. */
+__device__ __forceinline__ float quant_lanes8(const float (&v)[4], uint32_t *word) {
+    float amax = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, fabsf(v[0])), fabsf(v[1])), fabsf(v[2])), fabsf(v[3]));
 #pragma unroll
-    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint32_t p = 0;
 #pragma unroll
-    for (int w = 0; w < 8; w++) {
-        uint32_t p = 0;
-#pragma unroll
-        for (int j = 0; j < 4; j++) p |= (uint32_t)(uint8_t)(int8_t)roundf(v[4 * w + j] * id) << (8 * j);
-        q[w] = p;
-    }
+    for (int j = 0; j < 4; j++) p |= (uint32_t)(uint8_t)(int8_t)roundf(v[j] * id) << (8 * j);
+    *word = p;
     return __half2float(__float2half_rn(d));
 }
 

@@ -308,11 +308,10 @@ struct mk_ring {
 struct mk_smem_sink {
     unsigned char *xs;
     float *ds;
-    __device__ __forceinline__ void put(int b, float d, const uint32_t (&q)[8]) const {
-        ds[b] = d;
-#pragma unroll
-        for (int m = 0; m < 8; m++) *(uint32_t *)(xs + b * 32 + (m & 3) * 8 + (m >> 2) * 4) = q[m];
+    __device__ __forceinline__ void word(int b, int m, uint32_t q) const {
+        *(uint32_t *)(xs + b * 32 + (m & 3) * 8 + (m >> 2) * 4) = q;
     }
+    __device__ __forceinline__ void scale(int b, float d) const { ds[b] = d; }
 };
 /* The quantiser's x and norm weights: x read through L2 once (the sum's pass) and kept in shared memory for
  * the quantising pass; the weights copied in ahead (mk_norm_fetch). */

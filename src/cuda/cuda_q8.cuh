@@ -102,17 +102,16 @@ __device__ __forceinline__ void q8_glu_out(const q8_args &a, int t, int fb, int 
     if (lane == 0) a.od[frag_d(t, fb, FB)] = d;
 }
 
-/* Where the quantiser (q8_quant_row) puts a 32-block's scale d and its 8 words of quants: token t of xq /
- * xd in fragment order (cuda_kernels.cuh). */
+/* Where the quantiser (q8_quant_row) puts a 32-block's words of quants (word m: its values 4m .. 4m + 3)
+ * and its scale d: token t of xq / xd in fragment order (cuda_kernels.cuh). */
 struct q8_frag_sink {
     int8_t *xq;
     float *xd;
     int t, NB;
-    __device__ __forceinline__ void put(int b, float d, const uint32_t (&q)[8]) const {
-        xd[frag_d(t, b, NB)] = d;
-#pragma unroll
-        for (int m = 0; m < 8; m++) *(uint32_t *)(xq + frag_off(t, b * 32 + 4 * m, NB)) = q[m];
+    __device__ __forceinline__ void word(int b, int m, uint32_t q) const {
+        *(uint32_t *)(xq + frag_off(t, b * 32 + 4 * m, NB)) = q;
     }
+    __device__ __forceinline__ void scale(int b, float d) const { xd[frag_d(t, b, NB)] = d; }
 };
 /* The quantiser's barrier: the whole block (its own kernels); the persistent kernel passes its own. */
 struct q8_block_bar {
@@ -131,8 +130,9 @@ struct q8_src_global {
 
 /* One token of x (f32 [K], from src): RMSNorm with weight nw (when src.norm(); double sum of squares,
  * per-thread partials over a fixed float4 stride, the warp butterfly, then the 8 warps in order), then
- * ggml's Q8_0 quantisation of each 32-block by one thread, into out. Called by Q8_THREADS threads
- * (threadIdx.x < Q8_THREADS) that bar synchronises; ends with them synchronised. */
+ * ggml's Q8_0 quantisation of each 32-block by 8 lanes (quant_lanes8: a warp takes 4 blocks at a time; one
+ * thread a block left 176 of 256 threads idle behind a 32-step max chain), into out. Called by Q8_THREADS
+ * threads (threadIdx.x < Q8_THREADS) that bar synchronises; ends with them synchronised. */
 template <class SRC, class SINK, class BAR>
 __device__ __forceinline__ void q8_quant_row_src(const SRC &src, float eps, int K, const SINK &out,
                                                  const BAR &bar) {
@@ -156,22 +156,26 @@ __device__ __forceinline__ void q8_quant_row_src(const SRC &src, float eps, int 
         for (int w = 0; w < Q8_WARPS; w++) tot += part[w];
         r = (float)(1.0 / sqrt(tot / (double)K + (double)eps));
     }
-    for (int b = tid; b < NB; b += Q8_THREADS) {
-        float v[32];
-#pragma unroll
-        for (int j = 0; j < 32; j += 4) {
-            const float4 xv = src.x4(b * 32 + j);
-            v[j] = __fmul_rn(xv.x, r), v[j + 1] = __fmul_rn(xv.y, r);
-            v[j + 2] = __fmul_rn(xv.z, r), v[j + 3] = __fmul_rn(xv.w, r);
+    const int sub = tid & 7; /* the lane's word of its block */
+    for (int b0 = (tid >> 5) * 4; b0 < NB; b0 += Q8_THREADS / 8) {
+        const int b = b0 + ((tid & 31) >> 3);
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (b < NB) {
+            const float4 xv = src.x4(b * 32 + 4 * sub);
+            v[0] = __fmul_rn(xv.x, r), v[1] = __fmul_rn(xv.y, r);
+            v[2] = __fmul_rn(xv.z, r), v[3] = __fmul_rn(xv.w, r);
             if (src.norm()) {
-                const float4 wv = src.w4(b * 32 + j);
-                v[j] = __fmul_rn(v[j], wv.x), v[j + 1] = __fmul_rn(v[j + 1], wv.y);
-                v[j + 2] = __fmul_rn(v[j + 2], wv.z), v[j + 3] = __fmul_rn(v[j + 3], wv.w);
+                const float4 wv = src.w4(b * 32 + 4 * sub);
+                v[0] = __fmul_rn(v[0], wv.x), v[1] = __fmul_rn(v[1], wv.y);
+                v[2] = __fmul_rn(v[2], wv.z), v[3] = __fmul_rn(v[3], wv.w);
             }
         }
-        uint32_t q[8];
-        const float d = quant_block32(v, q);
-        out.put(b, d, q);
+        uint32_t q;
+        const float d = quant_lanes8(v, &q);
+        if (b < NB) {
+            out.word(b, sub, q);
+            if (sub == 0) out.scale(b, d);
+        }
     }
     bar.sync();
 }
