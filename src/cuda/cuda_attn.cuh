@@ -59,6 +59,9 @@ __device__ __forceinline__ __half2 split_half(float x) {
 __device__ __forceinline__ void qk_store_q(float *q, int t, int hh, int d, float v, int q_dim, int hd) {
     q[(size_t)t * q_dim + hh * hd + d] = v;
 }
+/* Where it copies element d of the key (v = 0) or value (v = 1) it has written to the caches: nowhere (the
+ * persistent step's sink also puts it into its attention unit's tiles). */
+__device__ __forceinline__ void qk_store_kv(float *, int, int, __half) {}
 
 /* Head hh of row t of qkv [T][q_dim + 2 kv_dim]: q and k heads RMSNorm'd (q_norm / k_norm) and rotated (NEOX
  * RoPE at *pos + t), q into q_out (qk_store_q), k into the f16 key cache row *pos + t; v heads copied to the
@@ -73,9 +76,11 @@ __device__ __forceinline__ void qk_norm_rope_head(const float *qkv, int t, int h
     const float *row = qkv + (size_t)t * (q_dim + 2 * kv_dim);
     if (hh >= n_heads + n_kv) {
         const int j = hh - n_heads - n_kv;
-        for (int i = tid; i < hd; i += nt)
-            v_cache[(size_t)p * kv_dim + j * hd + i] =
-                __float2half_rn(ld_cg(row + q_dim + kv_dim + j * hd + i));
+        for (int i = tid; i < hd; i += nt) {
+            const __half h = __float2half_rn(ld_cg(row + q_dim + kv_dim + j * hd + i));
+            v_cache[(size_t)p * kv_dim + j * hd + i] = h;
+            qk_store_kv(q_out, 1, i, h);
+        }
         return;
     }
     const int is_q = hh < n_heads;
@@ -92,8 +97,11 @@ __device__ __forceinline__ void qk_norm_rope_head(const float *qkv, int t, int h
             qk_store_q(q_out, t, hh, i + half, o1, q_dim, hd);
         } else {
             const size_t base = (size_t)p * kv_dim + (hh - n_heads) * hd;
-            k_cache[base + i] = __float2half_rn(o0);
-            k_cache[base + i + half] = __float2half_rn(o1);
+            const __half h0 = __float2half_rn(o0), h1 = __float2half_rn(o1);
+            k_cache[base + i] = h0;
+            k_cache[base + i + half] = h1;
+            qk_store_kv(q_out, 0, i, h0);
+            qk_store_kv(q_out, 0, i + half, h1);
         }
     };
     auto rms_inv = [&](double ss) { return (float)(1.0 / sqrt(ss / (double)hd + (double)eps)); };
@@ -488,7 +496,8 @@ __device__ __forceinline__ void attn_split_tile_kw(const attn_block &a, const __
 
 /* Split s of KV head a.g from the f16 caches into Ks / Vs by cp.async (L2 only), rows past the block's
  * longest row zero-filled (P is 0 there, and 0 * garbage could be NaN); which: rows below a.p0 (0), the
- * others (1), all (2). Threads tid of nt take part. */
+ * others (1), all (2), all but the block's new rows (3: the persistent step writes those itself). Threads
+ * tid of nt take part. */
 template <int HD>
 __device__ __forceinline__ void attn_copy_split(uint32_t *Ks, __half *Vs, const __half *kc, const __half *vc,
                                                 const attn_block &a, int s, int which, int tid, int nt,
@@ -498,8 +507,8 @@ __device__ __forceinline__ void attn_copy_split(uint32_t *Ks, __half *Vs, const 
 #pragma unroll 4
     for (int idx = tid; idx < FMC_ATT_SPLIT * C8N; idx += nt) {
         const int j = idx / C8N, c8 = idx - j * C8N;
-        if (which != 2 && (j0 + j < a.p0) != (which == 0)) continue;
         const bool in = j < nload;
+        if (which == 3 ? in && j0 + j >= a.p0 : which != 2 && (j0 + j < a.p0) != (which == 0)) continue;
         const size_t off = in ? (size_t)(j0 + j) * a.kv_dim + (size_t)a.g * HD + c8 * 8 : 0;
         cp_async16_hint(Ks + j * KP + c8 * 4, kc + off, in ? 16 : 0, pol);
         cp_async16_hint(Vs + j * VP + c8 * 8, vc + off, in ? 16 : 0, pol);

@@ -148,21 +148,25 @@ __device__ __forceinline__ void bulk_copy_hint(void *dst, const void *src, unsig
         : "memory");
 }
 
-/* Every thread of every block arrives; returns once all have. Thread 0 of a block counts it in (release:
- * after the block's writes) and waits (acquire), as cooperative groups' grid sync does; data written by
- * other blocks is then read through L2 (ld.cg, cp.async.cg). */
+/* Every thread of every block arrives; returns once all have. Thread 0 of a block counts it in with a release
+ * reduction (after the block's writes, which the named barrier orders before it) and waits with acquire
+ * loads, as CUTLASS's grid barrier does; data written by other blocks is then read through L2 (ld.cg,
+ * cp.async.cg). No fence.sc around it (__threadfence): each MEMBAR.GPU costs about a round trip to L2 under
+ * the weight stream, and the trailing one alone took 3 % of a step (bench/RESULTS.md, thirty-second
+ * session). */
+__device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ void mk_grid_sync(unsigned *bar, unsigned &target) {
     named_sync(MK_BAR_ALL, MK_THREADS);
     if (threadIdx.x == 0) {
         target += gridDim.x;
-        __threadfence();
-        atomicAdd(bar, 1u);
+        red_release(bar, 1u);
         if (ld_acquire(bar) < target) {
             const unsigned long long t0 = global_ns();
             while (ld_acquire(bar) < target)
                 if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
         }
-        __threadfence();
     }
     named_sync(MK_BAR_ALL, MK_THREADS);
 }
@@ -341,6 +345,7 @@ struct mk_group {
 template <int HD> struct mk_q_smem {
     __half *Qs;
     int h0;
+    __half *Kr, *Vr; /* the new key's and value's rows in the unit's tiles, or NULL */
 };
 template <int HD>
 __device__ __forceinline__ void qk_store_q(const mk_q_smem<HD> &q, int, int hh, int d, float v, int, int) {
@@ -348,6 +353,11 @@ __device__ __forceinline__ void qk_store_q(const mk_q_smem<HD> &q, int, int hh, 
     const __half2 s = split_half(v);
     q.Qs[(hh - q.h0) * QP + d] = __low2half(s);
     q.Qs[(MK_QR + hh - q.h0) * QP + d] = __high2half(s);
+}
+template <int HD>
+__device__ __forceinline__ void qk_store_kv(const mk_q_smem<HD> &q, int v, int d, __half h) {
+    __half *r = v ? q.Vr : q.Kr;
+    if (r) r[d] = h;
 }
 /* (the attention tile's exchange: the products' reduction buffer is free meanwhile) */
 static_assert(ATTN_XS_FLOATS <= MK_RED_FLOATS, "attn_split_tile_kw exchanges through m.red");
@@ -594,6 +604,16 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         mark(0);
         /* qkv */
         norm();
+        /* A step's attention unit (one a block in the short form): the keys and values of its split but the
+         * new row, read while qkv streams rather than after the barrier (an L2 round trip off the attention;
+         * the scratch is free from the norm to the merge). The q/k norms write the new row into the tiles. */
+        const bool kv_pre = TT == 1 && (int)blockIdx.x < att_units;
+        if (kv_pre && warp < 4) {
+            const attn_block a =
+                attn_block_setup<HD, QR>(T, n_heads, n_kv, P.pos, 1, (int)blockIdx.x % n_kv, 0, 0);
+            attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, (int)blockIdx.x / n_kv, 3, tid, 128, rg.pol);
+            cp_async_commit();
+        }
         mark(1);
         product(0, std::integral_constant<int, Q8_STORE>(),
                 mk_args(T, P.qkv, q_dim + 2 * n_kv * HD, NULL, 0, NULL, NULL));
@@ -617,12 +637,15 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             const int g = u % n_kv, s = u / n_kv;
             if (TT == 1) {
                 const int heads = s == att_units / n_kv - 1 ? G + 2 : G;
+                /* the early copy left the new key's and value's row to the norms */
+                const int nr = kv_pre && u == (int)blockIdx.x && heads > G ? *P.pos - s * FMC_ATT_SPLIT : -1;
+                const mk_q_smem<HD> qo = {Qs, g * G, nr < 0 ? NULL : (__half *)Ks + nr * 2 * attn_kp(HD),
+                                          nr < 0 ? NULL : Vs + nr * attn_vp(HD)};
                 for (int j = tid; j < (MK_QR - G) * QP; j += MK_THREADS) /* the unused query rows */
                     Qs[G * QP + j] = Qs[(MK_QR + G) * QP + j] = __float2half_rn(0.0f);
                 for (int j = grp; j < heads; j += MK_WARPS / 2)
                     qk_norm_rope_head(P.qkv, 0, j < G ? g * G + j : n_heads + (j - G) * n_kv + g, n_heads,
-                                      n_kv, HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos,
-                                      mk_q_smem<HD>{Qs, g * G}, L.kc, L.vc,
+                                      n_kv, HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, qo, L.kc, L.vc,
                                       mk_group{gtid, MK_BAR_GRP + grp, (double *)m.red + grp * 32});
                 named_sync(MK_BAR_ALL, MK_THREADS); /* the queries, and this block's new key row */
             }
@@ -630,8 +653,9 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             if (warp < TW) {
                 const int tile = warp >> 2;
                 const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, P.pos, 1, g, 0, tile);
-                attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, TW * 32,
-                                    rg.pol); /* read once a step, as the weights */
+                if (!(kv_pre && u == (int)blockIdx.x))
+                    attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, TW * 32,
+                                        rg.pol); /* read once a step, as the weights */
                 if (TT > 1) attn_load_q<HD, QR>(P.q, Qs, 0, g, G, n_heads, QR, a.nq, tid, TW * 32);
                 cp_async_commit();
                 cp_async_wait<0>();
