@@ -28,6 +28,25 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+/* GPU-scope synchronisation through one counter in L2 (sm_70+). A block counts itself in after a
+ * __syncthreads (or named barrier) with a release operation, which covers the writes the barrier ordered
+ * before it (cumulativity), and a reader waits with acquire loads; neither needs a __threadfence (a
+ * MEMBAR.SC.GPU, about an L2 round trip on the caller's path: bench/RESULTS.md, thirty-second session). */
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+/* The last of several blocks to count itself in also acquires the writes of all the others. */
+__device__ __forceinline__ unsigned atom_add_acq_rel(unsigned *p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 /* cp.async copies global -> shared (sm_80+), bypassing the registers. */
 /* 16 bytes; src_bytes = 0 fills the destination with zeros (and reads nothing). */
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes = 16) {

@@ -80,7 +80,7 @@ __device__ int gemm_merge(float (&acc)[NT][4], const fmc_split &sp, int group, i
     if (sp.kc == 1) return i == 0;
     if constexpr (CL) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        /* A global store, fence, atomic and load chain (about three L2 round trips on the last block's path)
+        /* A global store, atomic and load chain (L2 round trips on the last block's path)
          * becomes two cluster barriers and one store into block 0's shared memory. The first barrier: every
          * block of the cluster has started and block 0 is past its stages, where cs lies; the second: the
          * pushed sums are visible to block 0 (release / acquire), and no block exits while another still
@@ -123,12 +123,11 @@ __device__ int gemm_merge(float (&acc)[NT][4], const fmc_split &sp, int group, i
         for (int n = 0; n < NT; n++)
 #pragma unroll
             for (int j = 0; j < 4; j++) __stcg(slot + kci * stride + (n * 4 + j) * 32 + lane, acc[n][j]);
-    __threadfence();
+    /* release the block's sums, and in the last block acquire the others' (cuda_device.cuh: no fences) */
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(sp.cnt + group, 1u) == (unsigned)(sp.kc - 1);
+    if (threadIdx.x == 0) last = atom_add_acq_rel(sp.cnt + group, 1u) == (unsigned)(sp.kc - 1);
     __syncthreads();
     if (!last) return -1;
-    __threadfence();
     if (i == 0)
 #pragma unroll
         for (int n = 0; n < NT; n++)

@@ -115,11 +115,6 @@ __device__ __forceinline__ unsigned long long global_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 /* Whether the mbarrier's phase of this parity has completed (try_wait may first suspend the thread a while,
  * a limit the hardware sets). */
 __device__ __forceinline__ bool mb_try(uint64_t *b, unsigned parity) {
@@ -151,12 +146,7 @@ __device__ __forceinline__ void bulk_copy_hint(void *dst, const void *src, unsig
 /* Every thread of every block arrives; returns once all have. Thread 0 of a block counts it in with a release
  * reduction (after the block's writes, which the named barrier orders before it) and waits with acquire
  * loads, as CUTLASS's grid barrier does; data written by other blocks is then read through L2 (ld.cg,
- * cp.async.cg). No fence.sc around it (__threadfence): each MEMBAR.GPU costs about a round trip to L2 under
- * the weight stream, and the trailing one alone took 3 % of a step (bench/RESULTS.md, thirty-second
- * session). */
-__device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+ * cp.async.cg). No __threadfence around it: the one after the wait alone took 3 % of a step. */
 __device__ __forceinline__ void mk_grid_sync(unsigned *bar, unsigned &target) {
     named_sync(MK_BAR_ALL, MK_THREADS);
     if (threadIdx.x == 0) {

@@ -26,12 +26,6 @@ struct persist_op {
 };
 __constant__ persist_op c_ops[PERSIST_MAX];
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 /* Until `need` blocks of the previous product have counted themselves done (flag NULL: no wait). */
 __device__ __forceinline__ void wait_done(const unsigned *flag, unsigned need) {
     while (ld_acquire(flag) < need) __nanosleep(32);
