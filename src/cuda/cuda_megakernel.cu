@@ -9,8 +9,9 @@
  * (cp.async.bulk, an mbarrier a 4-tile stage): it refills a stage as soon as it has used it, so the ring
  * always holds the next stages of its sequence, also across the phases between grid barriers (norms,
  * attention) where no weights are read. What those phases read from L2 under the weight stream costs a round
- * trip of about a microsecond each, so the layer tables, the norm weights (copied in a phase ahead), x and
- * the residual rows of an epilogue are staged before they are needed.
+ * trip of about a microsecond each, so the layer tables, the norm weights (copied in a phase ahead), x, the
+ * residual rows of an epilogue and an attention unit's cached keys and values are staged before they are
+ * needed.
  *
  * Bits: a (row, token) is computed with the operations of the kernels a verify block runs, in the same
  * order, so steps here equal verify rows bit for bit (test_cuda_parity): a product's unit is one warp's
