@@ -626,10 +626,11 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
          * (a verify block's second tile on 4..7). */
         for (int u = blockIdx.x; u < att_units; u += nblk) {
             const int g = u % n_kv, s = u / n_kv;
+            const bool early = kv_pre && u == (int)blockIdx.x; /* its keys and values copied in during qkv */
             if (TT == 1) {
                 const int heads = s == att_units / n_kv - 1 ? G + 2 : G;
                 /* the early copy left the new key's and value's row to the norms */
-                const int nr = kv_pre && u == (int)blockIdx.x && heads > G ? *P.pos - s * FMC_ATT_SPLIT : -1;
+                const int nr = early && heads > G ? *P.pos - s * FMC_ATT_SPLIT : -1;
                 const mk_q_smem<HD> qo = {Qs, g * G, nr < 0 ? NULL : (__half *)Ks + nr * 2 * attn_kp(HD),
                                           nr < 0 ? NULL : Vs + nr * attn_vp(HD)};
                 for (int j = tid; j < (MK_QR - G) * QP; j += MK_THREADS) /* the unused query rows */
@@ -644,7 +645,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             if (warp < TW) {
                 const int tile = warp >> 2;
                 const attn_block a = attn_block_setup<HD, QR>(T, n_heads, n_kv, P.pos, 1, g, 0, tile);
-                if (!(kv_pre && u == (int)blockIdx.x))
+                if (!early)
                     attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, TW * 32,
                                         rg.pol); /* read once a step, as the weights */
                 if (TT > 1) attn_load_q<HD, QR>(P.q, Qs, 0, g, G, n_heads, QR, a.nq, tid, TW * 32);
