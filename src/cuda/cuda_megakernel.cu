@@ -105,15 +105,6 @@ struct mk_params {
     float eps;
 };
 
-/* A round of a product in a block: the groups its slots take at once (MK_SLOTS at most), whose n units
- * stream their S stages interleaved (stage s of the unit of rank q is the round's stage s n + q). */
-struct mk_round {
-    unsigned short base; /* the round's first stage in the block's sequence of a layer */
-    unsigned char k, n;  /* the product; its units */
-    unsigned short S, jr;
-};
-enum { MK_ROUNDS = 16 }; /* rounds a layer at most (fmc_mk_create checks) */
-
 /* The device code below uses sm_90's copy engine and mbarriers; the portable PTX pass (compute_80) compiles
  * the kernel as a trap (fmc_mk_create refuses such devices). */
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -187,19 +178,24 @@ __device__ __forceinline__ int mk_units(const mk_mat &M) {
     return M.glu ? 4 : M.w;
 }
 
+/* What the block streams, in its shared memory (read there, not through L2, on every unit's way): the
+ * layers' tables and the block's runs of groups. */
+struct mk_plan {
+    const mk_layer *L;
+    const unsigned short *gs, *gc; /* [4 products] */
+    int n_layers;
+};
+
 /* The shared memory of a block. */
 struct mk_smem {
     unsigned char *ring_w, *ring_s; /* [warp][stage] */
-    uint64_t *full;                 /* [R]: a slot's stage has landed */
-    int *issued;                    /* [R]: the stage of the sequence a slot was last given */
+    uint64_t *full;                 /* [warp][stage] */
     uint64_t *nwb;                  /* the norm weights' copy */
     unsigned char *xs;              /* the product's activations (mk_carve says how they sit) */
     float *ds;                      /* and their scales */
     float *red;                     /* MK_RED_FLOATS: warps' and head norms' sums, GLU rows, attention's P */
     mk_layer *L;                    /* [n_layers] */
     unsigned short *gs, *gc;        /* [4] */
-    mk_round *rounds;               /* [MK_ROUNDS] */
-    int *seq;                       /* the layer's stages, its rounds, each product's first round [4] */
     unsigned char *scratch;         /* attention split / merge */
     float *nws, *xcp;               /* the next norm's weights (dim), the norm's copy of its row of x */
 };
@@ -216,8 +212,7 @@ template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *bas
     m.ring_s = m.ring_w + stages * MK_STAGE_W;
     m.full = (uint64_t *)(m.ring_s + stages * MK_STAGE_S);
     m.nwb = m.full + stages;
-    m.issued = (int *)(m.nwb + 2);
-    unsigned char *p = (unsigned char *)(m.issued + stages); /* 16-aligned: stages is a multiple of 4 */
+    unsigned char *p = (unsigned char *)(m.nwb + 2);
     if (TT == 1) {
         m.xs = p;
         m.ds = (float *)(m.xs + (size_t)P.max_nb * 32);
@@ -227,9 +222,7 @@ template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *bas
     m.L = (mk_layer *)(m.red + MK_RED_FLOATS);
     m.gs = (unsigned short *)(m.L + P.n_layers);
     m.gc = m.gs + 4;
-    m.rounds = (mk_round *)(m.gs + 8);
-    m.seq = (int *)(m.rounds + MK_ROUNDS);
-    p = base + (((size_t)((unsigned char *)(m.seq + 8) - base) + 127) & ~(size_t)127); /* copies in */
+    p = base + (((size_t)((unsigned char *)(m.gs + 16) - base) + 127) & ~(size_t)127); /* copies in */
     if (TT == 1) {
         m.scratch = p;
         m.nws = (float *)p, m.xcp = m.nws + P.dim;
@@ -243,79 +236,67 @@ template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *bas
     return m;
 }
 
-/* The block's stream: every stage (up to 4 tiles of a unit) of every product of every layer the block
- * computes, in one sequence (a layer's: its products' rounds in order), and one ring of R = MK_WARPS * ns
- * stages that all its warps share: stage i goes to slot i % R (mbarrier phase i / R), and the warp that uses
- * stage i copies stage i + R into the slot it has freed. So across a phase without weights the ring holds the
- * next R stages the block needs, whichever of its warps will take them (a ring a warp held a warp's own next
- * stages: in a product where a block had one group, two thirds of its rings held the next layer's). */
-struct mk_stream {
-    const mk_layer *L;
-    const unsigned short *gs, *gc;
-    const mk_round *rounds;
-    int R, Ls, nr, total; /* slots; stages of a layer; rounds of a layer; stages of the launch */
-    uint64_t pol;
-    long long wait_cy, issue_cy; /* FM_MK_PROFILE: lane 0's cycles in mk_wait and in issue */
-    /* stage i of the sequence into its slot (lane 0 of the warp that freed the slot) */
-    __device__ __forceinline__ void issue(const mk_smem &m, int i) const {
-        const int l = i / Ls, rem = i - l * Ls;
-        int e = nr - 1;
-        while (rounds[e].base > rem) e--;
-        const mk_round &rd = rounds[e];
-        const mk_mat &M = L[l].m[rd.k];
-        const int off = rem - rd.base, st = off / rd.n, q = off - st * rd.n, units = mk_units(M);
-        int kb0, nbw;
-        const int tile = mk_unit(M, gs[rd.k] + MK_SLOTS * rd.jr + q / units, q % units, &kb0, &nbw);
-        const int kb = kb0 + st * MK_STAGE_TILES;
-        const unsigned n = (unsigned)min((int)MK_STAGE_TILES, kb0 + nbw - kb);
-        const size_t t0 = (size_t)tile * (M.K >> 5) + kb;
-        const int p = i % R;
-        uint64_t *b = m.full + p;
-        mb_expect(b, n * 544);
-        bulk_copy_hint(m.ring_w + (size_t)p * MK_STAGE_W, M.qs + t0 * 32, n * 512, b, pol);
-        bulk_copy_hint(m.ring_s + (size_t)p * MK_STAGE_S, M.sc + t0 * 8, n * 32, b, pol);
-        asm volatile("st.volatile.shared.b32 [%0], %1;" ::"r"(smem_addr(m.issued + p)), "r"(i) : "memory");
+/* Where warp (slot, r) is in its sequence of stages: unit r of the slot's groups (every MK_SLOTS-th group
+ * of the block's run) of each product of each layer, 4 tiles a stage. */
+struct mk_cursor {
+    int l, k, j, kb, nbw, slot, r;
+    const int4 *qs;
+    const uint32_t *sc;
+    bool live;
+    __device__ void start(const mk_plan &pl, int slot_, int r_) {
+        slot = slot_, r = r_, l = 0, k = 0, j = slot - MK_SLOTS, live = true;
+        next_unit(pl);
     }
-    /* Wait for stage i. Its slot's mbarrier alone cannot tell: the warp that takes stage i may come while the
-     * slot still waits for stage i - R (another warp's), whose phase has the other parity; so first wait
-     * until the slot has been given stage i (stage i - R has then landed and been used). */
-    __device__ __forceinline__ void wait(const mk_smem &m, int i) const {
-        const int p = i % R;
-        auto given = [&]() {
-            int v;
-            asm volatile("ld.volatile.shared.b32 %0, [%1];"
-                         : "=r"(v)
-                         : "r"(smem_addr(m.issued + p))
-                         : "memory");
-            return v == i;
-        };
-        if (!given()) {
-            const unsigned long long t0 = global_ns();
-            while (!given())
-                if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
+    /* the next unit of the warp's: the slot's next group in this product, else the next product */
+    __device__ void next_unit(const mk_plan &pl) {
+        for (;;) {
+            if (l >= pl.n_layers) {
+                live = false;
+                return;
+            }
+            const mk_mat &M = pl.L[l].m[k];
+            j += MK_SLOTS;
+            if (r < mk_units(M) && j < pl.gc[k]) {
+                int kb0;
+                const int tile = mk_unit(M, pl.gs[k] + j, r, &kb0, &nbw);
+                const size_t t0 = (size_t)tile * (M.K >> 5) + kb0;
+                qs = M.qs + t0 * 32, sc = M.sc + t0 * 8, kb = 0;
+                return;
+            }
+            j = slot - MK_SLOTS;
+            if (++k == 4) k = 0, l++;
         }
-        mk_wait(m.full + p, (unsigned)(i / R) & 1);
+    }
+    __device__ unsigned tiles() const { return (unsigned)min((int)MK_STAGE_TILES, nbw - kb); }
+    __device__ void advance(const mk_plan &pl) {
+        kb += MK_STAGE_TILES;
+        if (kb >= nbw) next_unit(pl);
     }
 };
 
-/* The block's rounds (thread 0, at the launch's start): the layers have the same shapes. */
-__device__ void mk_plan_rounds(const mk_smem &m) {
-    int base = 0, nr = 0;
-    for (int k = 0; k < 4; k++) {
-        const mk_mat &M = m.L[0].m[k];
-        int kb0, nbw;
-        mk_unit(M, 0, 0, &kb0, &nbw);
-        const int S = (nbw + MK_STAGE_TILES - 1) / MK_STAGE_TILES, units = mk_units(M);
-        m.seq[3 + k] = nr;
-        for (int jr = 0; MK_SLOTS * jr < m.gc[k]; jr++) {
-            const int n = min((int)MK_SLOTS, m.gc[k] - MK_SLOTS * jr) * units;
-            m.rounds[nr++] = {(unsigned short)base, (unsigned char)k, (unsigned char)n, (unsigned short)S,
-                              (unsigned short)jr};
-            base += n * S;
-        }
+/* A warp's ring: the stage it takes next (s, ph), and lane 0's cursor of the stage it copies in next. Each
+ * warp refills the stage it has just used (a producer warp that refilled every ring was slower: the
+ * persistent-kernel section of bench/RESULTS.md). */
+struct mk_ring {
+    int s;
+    unsigned ph;
+    mk_cursor cur;
+    uint64_t pol;
+    mk_plan pl;
+    long long wait_cy, issue_cy; /* FM_MK_PROFILE: lane 0's cycles in mk_wait and in issue */
+    /* the cursor's stage into ring slot `at` of the warp's ring */
+    __device__ __forceinline__ void issue(const mk_smem &m, int ns, int at) {
+        const int warp = threadIdx.x >> 5;
+        const unsigned n = cur.tiles();
+        uint64_t *b = m.full + warp * ns + at;
+        mb_expect(b, n * 544);
+        bulk_copy_hint(m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W, cur.qs + (size_t)cur.kb * 32,
+                       n * 512, b, pol);
+        bulk_copy_hint(m.ring_s + ((size_t)warp * ns + at) * MK_STAGE_S, cur.sc + (size_t)cur.kb * 8, n * 32,
+                       b, pol);
+        cur.advance(pl);
     }
-    m.seq[0] = base, m.seq[1] = nr;
-}
+};
 
 /* The quantiser's output into the block's activations: token 0's 32 quants of each 32-block in the order of
  * the first 32 bytes of its fragment-order block, and its scale. */
@@ -410,13 +391,13 @@ template <int TT> __device__ void mk_load_act(const int8_t *xq, const float *xd,
 }
 
 /* The calling warp's unit of nbw 32-blocks from kb0 of the product's activations (the block's m.xs / m.ds),
- * its stages i0, i0 + n, ... of the block's sequence taken from the ring, into acc (fmc_split's order: acc =
- * fma(isum, dw * dx, acc)). TT = 1: every lane takes token 0's fragment (columns past 0 are not stored); 8:
- * token g's, with the scales of tokens 2c, 2c + 1 (those past the launch's T are not stored either). */
+ * its stages taken from the warp's ring, into acc (fmc_split's order: acc = fma(isum, dw * dx, acc)). TT =
+ * 1: every lane takes token 0's fragment (columns past 0 are not stored); 8: token g's, with the scales of
+ * tokens 2c, 2c + 1 (those past the launch's T are not stored either). */
 template <int TT>
-__device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw, int i0, int n,
-                                               mk_stream &rg, const mk_smem &m) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+__device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_ring &rg,
+                                               const mk_smem &m, int ns) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     constexpr int XB = TT == 1 ? 4 : 32; /* uint2 a 32-block */
     const uint2 *xw = (const uint2 *)m.xs + (size_t)kb0 * XB + (TT == 1 ? c : lane);
     const float *dw = m.ds + (size_t)kb0 * TT + (TT == 1 ? 0 : 2 * c);
@@ -426,10 +407,10 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         mma_s8(d, A, xv.x, xv.y);
         q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), dx);
     };
-    for (int kb = 0, i = i0; kb < nbw; kb += MK_STAGE_TILES, i += n) {
-        const int st = i % rg.R;
+    for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
+        const size_t st = (size_t)warp * ns + rg.s;
         const long long c0 = FM_MK_PROFILE ? clock64() : 0;
-        rg.wait(m, i);
+        mk_wait(m.full + st, rg.ph);
         if (FM_MK_PROFILE) rg.wait_cy += clock64() - c0;
         const int4 *W = (const int4 *)(m.ring_w + st * MK_STAGE_W) + lane;
         const uint32_t *S = (const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g;
@@ -449,26 +430,26 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         }
         /* the products have used the stage's loads: the slot is free for the copy engine */
         __syncwarp();
-        if (lane == 0 && i + rg.R < rg.total) {
+        if (lane == 0 && rg.cur.live) {
             const long long c1 = FM_MK_PROFILE ? clock64() : 0;
-            rg.issue(m, i + rg.R);
+            rg.issue(m, ns, rg.s);
             if (FM_MK_PROFILE) rg.issue_cy += clock64() - c1;
         }
+        if (++rg.s == ns) rg.s = 0, rg.ph ^= 1;
     }
 }
 
-/* One product of a.T tokens of layer l: the block's groups MK_SLOTS at a time (warps 0..3, 4..7, ...), a
- * round each, warp r of a slot taking unit r from the ring; then warp 0 of the slot adds the units' sums in
- * order (the merge of gemm_merge) and stores (q8_out; += x with x's old rows loaded before the stream), or
- * the slot's warps write the GLU's output of their tokens (q8_glu_out). */
+/* One product of a.T tokens: the block's groups MK_SLOTS at a time (warps 0..3, 4..7, ...), warp r of a slot
+ * taking unit r from its ring; then warp 0 of the slot adds the units' sums in order (the merge of
+ * gemm_merge) and stores (q8_out; += x with x's old rows loaded before the stream), or the slot's warps write
+ * the GLU's output of their tokens (q8_glu_out). */
 template <int MODE, int TT>
-__device__ __forceinline__ void mk_product(const mk_mat &M, int k, int l, const q8_args &a, int start,
-                                           int cnt, mk_stream &rg, const mk_smem &m) {
+__device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt, mk_ring &rg,
+                                           const mk_smem &m, int ns) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slot = warp >> 2, r = warp & 3;
     const int g = lane >> 2, c = lane & 3, units = mk_units(M);
     for (int jr = 0; MK_SLOTS * jr + slot < cnt; jr++) {
         const int gr = start + MK_SLOTS * jr + slot;
-        const mk_round &rd = m.rounds[m.seq[3 + k] + jr];
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         /* the old x of the lane's (row, token) pairs: acc[j]'s, row g + 8 (j >> 1), token 2c + (j & 1) (TT =
          * 1: token 0's in the lanes c == 0) */
@@ -481,7 +462,7 @@ __device__ __forceinline__ void mk_product(const mk_mat &M, int k, int l, const 
         if (r < units) {
             int kb0, nbw;
             mk_unit(M, gr, r, &kb0, &nbw);
-            mk_stream_unit<TT>(acc, kb0, nbw, l * rg.Ls + rd.base + slot * units + r, rd.n, rg, m);
+            mk_stream_unit<TT>(acc, kb0, nbw, rg, m, ns);
         }
         /* two buffers by round parity: warp 0 reads round jr's while the others fill round jr + 1's */
         float *rb = m.red + ((jr & 1) * MK_SLOTS + slot) * 4 * 4 * 32;
@@ -546,12 +527,10 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         P.trace[(size_t)nblk * P.n_layers * MK_TRACE + blockIdx.x] = sm;
     }
-    __syncthreads();
     if (tid == 0) {
         for (int i = 0; i < MK_WARPS * P.ns; i++) mb_init(m.full + i, 1);
         mb_init(m.nwb, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        mk_plan_rounds(m);
     }
     __syncthreads();
     const int n_heads = P.n_heads, n_kv = P.n_kv, q_dim = n_heads * HD;
@@ -561,19 +540,11 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     constexpr int QP = attn_vp(HD);
     float *nws = m.nws;
     unsigned target = 0, nph = 0;
-    mk_stream rg = {m.L,
-                    m.gs,
-                    m.gc,
-                    m.rounds,
-                    MK_WARPS * P.ns,
-                    m.seq[0],
-                    m.seq[1],
-                    m.seq[0] * P.n_layers,
-                    l2_evict_first(),
-                    0,
-                    0};
-    if ((tid & 31) == 0) /* the ring's first stages */
-        for (int i = warp; i < rg.R && i < rg.total; i += MK_WARPS) rg.issue(m, i);
+    mk_ring rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
+    if ((tid & 31) == 0) { /* the ring's first stages */
+        rg.cur.start(rg.pl, warp >> 2, warp & 3);
+        for (int i = 0; i < P.ns && rg.cur.live; i++) rg.issue(m, P.ns, i);
+    }
     mk_norm_fetch(m, nws, m.L[0].attn_norm, P.dim);
     const attn_tiles<HD> at(m.scratch);
     uint32_t *Ks = at.Ks;
@@ -593,7 +564,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             mark(i + 1);
         };
         auto product = [&](int k, auto mode, const q8_args &a) {
-            mk_product<decltype(mode)::value, TT>(L.m[k], k, l, a, m.gs[k], m.gc[k], rg, m);
+            mk_product<decltype(mode)::value, TT>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
             if (FM_MK_PROFILE && P.prof && (tid & 31) == 0) {
                 unsigned long long *d = P.prof + (((size_t)blockIdx.x * P.n_layers + l) * 4 + k) * 2;
                 atomicAdd(d, (unsigned long long)rg.wait_cy),
@@ -730,8 +701,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
  * scratch) and of one ring stage of every warp (with its mbarrier), for TT tokens. */
 size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim, int TT) {
     const size_t merge = (size_t)(Q8_THREADS / hd) * 2 * MK_CH * (hd + 2) * 4;
-    const size_t head =
-        16 + MK_RED_FLOATS * 4 + n_layers * sizeof(mk_layer) + 16 + MK_ROUNDS * sizeof(mk_round) + 32 + 128;
+    const size_t head = 16 + MK_RED_FLOATS * 4 + n_layers * sizeof(mk_layer) + 32 + 128;
     if (TT == 1) {
         const size_t norm = (size_t)2 * dim * 4; /* the next norm's weights and x's copy */
         return head + (size_t)max_nb * 36 + std::max(std::max(attn_smem(hd, MK_QR), merge), norm);
@@ -741,7 +711,7 @@ size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim, int TT) {
                  norm = (size_t)max_nb * 32 + (size_t)dim / 32 * 256 + (size_t)dim * 4; /* + x's row */
     return head + ((size_t)dim * 4 + 127) / 128 * 128 + std::max(std::max(attn, merge), std::max(act, norm));
 }
-constexpr size_t MK_STAGE_BYTES = (size_t)MK_WARPS * (MK_STAGE_W + MK_STAGE_S + 8 + 4);
+constexpr size_t MK_STAGE_BYTES = (size_t)MK_WARPS * (MK_STAGE_W + MK_STAGE_S + 8);
 
 typedef void (*mk_kernel)(const mk_params);
 template <int TT> mk_kernel mk_pick(int hd) {
@@ -877,21 +847,6 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     }
     std::vector<unsigned short> start, count;
     mk_balance(groups, bytes, sms, start, count);
-    for (int b = 0; b < sms; b++) { /* the block's sequence (mk_plan_rounds) fits its tables */
-        long stages = 0;
-        int rounds = 0;
-        for (int k = 0; k < 4; k++) {
-            const fmc_q8 *w = mats0[k];
-            const int units = k == 2 ? 4 : w->sp.w, nbw = k == 2 ? w->K / 32 : w->K / 32 / w->sp.w;
-            const int c = count[(size_t)k * sms + b];
-            rounds += (c + MK_SLOTS - 1) / MK_SLOTS;
-            stages += (long)c * units * ((nbw + MK_STAGE_TILES - 1) / MK_STAGE_TILES);
-        }
-        if (rounds > MK_ROUNDS || stages > 65535 || stages * d->n_layers > 0x7fffffffL - 65536) {
-            fmc_mk_free(mk);
-            return no("a block's products take too many rounds or stages");
-        }
-    }
     mk->gcount = count;
     auto up = [&](void **dst, const void *src, size_t n) {
         if (cudaMalloc(dst, n) != cudaSuccess) return -1;
