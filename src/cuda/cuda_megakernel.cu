@@ -41,9 +41,6 @@
 #ifndef FM_MK_PROFILE
 #define FM_MK_PROFILE 0
 #endif
-#ifndef FM_MK_KVBULK
-#define FM_MK_KVBULK 0
-#endif
 
 namespace {
 
@@ -91,8 +88,6 @@ struct mk_params {
     const mk_layer *L;                     /* [n_layers], copied into each block's shared memory */
     const unsigned short *gstart, *gcount; /* [4 products][blocks]: each block's run of groups */
     unsigned *bar;                         /* the grid barrier's arrivals (zeroed before each launch) */
-    float *gx;                             /* mk_xchg: the GLU's halves */
-    unsigned *gxc;
     float *x, *qkv, *part;
     float *q;   /* a verify launch's normed and rotated queries [T][n_heads * hd] */
     int8_t *xq; /* the attention's and the GLU's quantised output, fragment order */
@@ -167,41 +162,20 @@ __device__ __forceinline__ void mk_grid_sync(unsigned *bar, unsigned &target) {
     named_sync(MK_BAR_ALL, MK_THREADS);
 }
 
-/* A block's run of a product: groups [gs, gs + gc) (the GLU's: halves of its pairs, below). Item j of the
- * run, for warp r of the slot that takes it: whether the warp has a unit there, and the unit's tile and its
- * first of nbw 32-blocks. A group of the others is one tile whose K is split into w shares (q8_gemm_block's).
- * The GLU's pair gr is 4 tiles over all of K, gate rows 32 gr .. (tiles 2 gr, 2 gr + 1) and the up rows at
- * the same offset; its half h the gate and up tiles 2 gr + h. A run of halves is cut into whole pairs and the
- * halves at its ends, whose pairs another block shares: they come first, so that both blocks reach them early
- * and the one to finish second (mk_glu_half) finds the other's half waiting. */
-struct mk_item {
-    int gr, h; /* the group (the GLU's pair); the half (-1: the whole pair or group) */
-    int tile, kb0, nbw;
-    bool has;
-};
-__device__ __forceinline__ int mk_items(const mk_mat &M, int gs, int gc) {
-    if (!M.glu || gc == 0) return gc;
-    return (gs & 1) + ((gs + gc) & 1) + ((gs + gc) >> 1) - ((gs + 1) >> 1);
+/* A product's unit r of group gr: its tile and the first of its nbw 32-blocks. The GLU's group is 4 tiles
+ * (gate rows 32 gr .. and the up rows at the same offset) over all of K; the others' is one tile whose K is
+ * split into w shares (q8_gemm_block's). */
+__device__ __forceinline__ int mk_unit(const mk_mat &M, int gr, int r, int *kb0, int *nbw) {
+    const int NB = M.K >> 5, NT16 = (M.N + 15) >> 4;
+    if (M.glu) {
+        *kb0 = 0, *nbw = NB;
+        return r < 2 ? 2 * gr + r : NT16 / 2 + 2 * gr + r - 2;
+    }
+    *nbw = NB / M.w, *kb0 = r * *nbw;
+    return gr;
 }
-__device__ __forceinline__ mk_item mk_item_at(const mk_mat &M, int gs, int gc, int j, int r) {
-    mk_item it;
-    const int NB = M.K >> 5;
-    if (!M.glu) {
-        it.gr = gs + j, it.h = -1, it.tile = it.gr, it.has = r < M.w;
-        it.nbw = NB / M.w, it.kb0 = r * it.nbw;
-        return it;
-    }
-    const int lead = gs & 1, split = lead + ((gs + gc) & 1), NT2 = ((M.N + 15) >> 4) / 2;
-    if (j < split) {
-        it.h = j == 0 && lead ? 1 : 0;
-        it.gr = it.h ? gs >> 1 : (gs + gc) >> 1;
-        it.has = r < 2, it.tile = (r == 0 ? 0 : NT2) + 2 * it.gr + it.h;
-    } else {
-        it.gr = ((gs + 1) >> 1) + j - split, it.h = -1, it.has = true;
-        it.tile = (r < 2 ? 0 : NT2) + 2 * it.gr + (r & 1);
-    }
-    it.kb0 = 0, it.nbw = NB;
-    return it;
+__device__ __forceinline__ int mk_units(const mk_mat &M) {
+    return M.glu ? 4 : M.w;
 }
 
 /* What the block streams, in its shared memory (read there, not through L2, on every unit's way): the
@@ -222,7 +196,6 @@ struct mk_smem {
     float *red;                     /* MK_RED_FLOATS: warps' and head norms' sums, GLU rows, attention's P */
     mk_layer *L;                    /* [n_layers] */
     unsigned short *gs, *gc;        /* [4] */
-    unsigned *xflag;                /* [MK_SLOTS]: mk_xchg's */
     unsigned char *scratch;         /* attention split / merge */
     float *nws, *xcp;               /* the next norm's weights (dim), the norm's copy of its row of x */
 };
@@ -249,7 +222,6 @@ template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *bas
     m.L = (mk_layer *)(m.red + MK_RED_FLOATS);
     m.gs = (unsigned short *)(m.L + P.n_layers);
     m.gc = m.gs + 4;
-    m.xflag = (unsigned *)(m.gs + 8); /* 4-aligned: m.L's size is a multiple of 8 */
     p = base + (((size_t)((unsigned char *)(m.gs + 16) - base) + 127) & ~(size_t)127); /* copies in */
     if (TT == 1) {
         m.scratch = p;
@@ -284,11 +256,11 @@ struct mk_cursor {
             }
             const mk_mat &M = pl.L[l].m[k];
             j += MK_SLOTS;
-            if (j < mk_items(M, pl.gs[k], pl.gc[k])) {
-                const mk_item it = mk_item_at(M, pl.gs[k], pl.gc[k], j, r);
-                if (!it.has) continue;
-                const size_t t0 = (size_t)it.tile * (M.K >> 5) + it.kb0;
-                qs = M.qs + t0 * 32, sc = M.sc + t0 * 8, kb = 0, nbw = it.nbw;
+            if (r < mk_units(M) && j < pl.gc[k]) {
+                int kb0;
+                const int tile = mk_unit(M, pl.gs[k] + j, r, &kb0, &nbw);
+                const size_t t0 = (size_t)tile * (M.K >> 5) + kb0;
+                qs = M.qs + t0 * 32, sc = M.sc + t0 * 8, kb = 0;
                 return;
             }
             j = slot - MK_SLOTS;
@@ -467,44 +439,17 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
     }
 }
 
-/* Where the GLU's halves meet: a half's (gate, up) sums of its tokens, [pair][half][TT][32], and a count of
- * the halves in a pair that has arrived (even before each layer's pair: 2 a layer, never reset). */
-struct mk_xchg {
-    float *x;
-    unsigned *cnt;
-    unsigned *flag; /* shared memory, a word a slot: the count its slot found */
-};
-/* The GLU's half h of pair gr, its sums in rb (rb[t * 64 + (gate 0 / up 32) + 16 h + row]): stored for the
- * other block; returns whether this block is the second of the pair, with the other half's sums loaded into
- * rb beside its own (the first leaves the pair's output to the second, which quantises it whole, as the
- * kernels do: the bits of a pair do not depend on where its halves ran). */
-template <int TT>
-__device__ __forceinline__ bool mk_glu_half(const mk_xchg &xc, int gr, int h, int T, float *rb, int slot) {
-    const int st = threadIdx.x & 127;
-    auto at = [&](int i, int hh) { return rb + (i >> 5) * 64 + ((i >> 4) & 1) * 32 + hh * 16 + (i & 15); };
-    float *mine = xc.x + (size_t)(2 * gr + h) * TT * 32, *other = xc.x + (size_t)(2 * gr + 1 - h) * TT * 32;
-    for (int i = st; i < T * 32; i += 128) mine[i] = *at(i, h);
-    named_sync(MK_BAR_SLOT + slot, 128);
-    if (st == 0) xc.flag[slot] = atom_add_acq_rel(xc.cnt + gr, 1u); /* releases the slot's stores */
-    named_sync(MK_BAR_SLOT + slot, 128);
-    if (!(xc.flag[slot] & 1)) return false;
-    for (int i = st; i < T * 32; i += 128) *at(i, 1 - h) = __ldcg(other + i);
-    named_sync(MK_BAR_SLOT + slot, 128);
-    return true;
-}
-
-/* One product of a.T tokens: the block's items MK_SLOTS at a time (warps 0..3, 4..7, ...), warp r of a slot
+/* One product of a.T tokens: the block's groups MK_SLOTS at a time (warps 0..3, 4..7, ...), warp r of a slot
  * taking unit r from its ring; then warp 0 of the slot adds the units' sums in order (the merge of
  * gemm_merge) and stores (q8_out; += x with x's old rows loaded before the stream), or the slot's warps write
- * the GLU's output of their tokens (q8_glu_out; a half pair's once both halves are in). */
+ * the GLU's output of their tokens (q8_glu_out). */
 template <int MODE, int TT>
 __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt, mk_ring &rg,
-                                           const mk_smem &m, int ns, const mk_xchg &xc) {
+                                           const mk_smem &m, int ns) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slot = warp >> 2, r = warp & 3;
-    const int g = lane >> 2, c = lane & 3, units = M.w, items = mk_items(M, start, cnt);
-    for (int jr = 0; MK_SLOTS * jr + slot < items; jr++) {
-        const mk_item it = mk_item_at(M, start, cnt, MK_SLOTS * jr + slot, r);
-        const int gr = it.gr;
+    const int g = lane >> 2, c = lane & 3, units = mk_units(M);
+    for (int jr = 0; MK_SLOTS * jr + slot < cnt; jr++) {
+        const int gr = start + MK_SLOTS * jr + slot;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         /* the old x of the lane's (row, token) pairs: acc[j]'s, row g + 8 (j >> 1), token 2c + (j & 1) (TT =
          * 1: token 0's in the lanes c == 0) */
@@ -514,21 +459,22 @@ __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, in
                 const int row = gr * 16 + g + (j >> 1) * 8, t = TT == 1 ? 0 : 2 * c + (j & 1);
                 if ((TT > 1 || c == 0) && t < a.T && row < M.N) x0[j] = ld_cg(a.y + (size_t)t * a.ldy + row);
             }
-        if (it.has) mk_stream_unit<TT>(acc, it.kb0, it.nbw, rg, m, ns);
+        if (r < units) {
+            int kb0, nbw;
+            mk_unit(M, gr, r, &kb0, &nbw);
+            mk_stream_unit<TT>(acc, kb0, nbw, rg, m, ns);
+        }
         /* two buffers by round parity: warp 0 reads round jr's while the others fill round jr + 1's */
         float *rb = m.red + ((jr & 1) * MK_SLOTS + slot) * 4 * 4 * 32;
         if (M.glu) {
-            const int q = it.h < 0 ? r : it.h + 2 * r; /* the tile's place in the pair */
-            if (it.has)
 #pragma unroll
-                for (int j = 0; j < 4; j++) rb[(2 * c + (j & 1)) * 64 + q * 16 + g + (j >> 1) * 8] = acc[j];
+            for (int j = 0; j < 4; j++) rb[(2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[j];
         } else if (r < units) {
 #pragma unroll
             for (int j = 0; j < 4; j++) rb[(r * 4 + j) * 32 + lane] = acc[j];
         }
         named_sync(MK_BAR_SLOT + slot, 128);
         if (M.glu) { /* warp r: tokens r, r + 4 (each warp reads round jr's buffer before its next barrier) */
-            if (it.h >= 0 && !mk_glu_half<TT>(xc, gr, it.h, a.T, rb, slot)) continue;
             for (int t = r; t < a.T; t += 4)
                 q8_glu_out(a, t, gr, M.N / 64, rb[t * 64 + lane], rb[t * 64 + 32 + lane]);
             continue;
@@ -584,7 +530,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     if (tid == 0) {
         for (int i = 0; i < MK_WARPS * P.ns; i++) mb_init(m.full + i, 1);
         mb_init(m.nwb, 1);
-        mb_init(m.nwb + 1, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -594,7 +539,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     const int att_units = n_kv * ((*P.pos + T - 1 + FMC_ATT_SPLIT) / FMC_ATT_SPLIT);
     constexpr int QP = attn_vp(HD);
     float *nws = m.nws;
-    unsigned target = 0, nph = 0, kph = 0;
+    unsigned target = 0, nph = 0;
     mk_ring rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
     if ((tid & 31) == 0) { /* the ring's first stages */
         rg.cur.start(rg.pl, warp >> 2, warp & 3);
@@ -619,8 +564,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             mark(i + 1);
         };
         auto product = [&](int k, auto mode, const q8_args &a) {
-            mk_product<decltype(mode)::value, TT>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns,
-                                                  mk_xchg{P.gx, P.gxc, m.xflag});
+            mk_product<decltype(mode)::value, TT>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
             if (FM_MK_PROFILE && P.prof && (tid & 31) == 0) {
                 unsigned long long *d = P.prof + (((size_t)blockIdx.x * P.n_layers + l) * 4 + k) * 2;
                 atomicAdd(d, (unsigned long long)rg.wait_cy),
@@ -645,7 +589,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             if (tid < Q8_THREADS)
                 q8_quant_row_src(mk_norm_src{P.x, m.xcp, nws}, P.eps, P.dim, sink,
                                  named_bar{MK_BAR_Q8, Q8_THREADS});
-            if (FM_MK_KVBULK) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             if ((int)MK_THREADS > (int)Q8_THREADS)
                 named_sync(MK_BAR_ALL, MK_THREADS); /* the products read it */
         };
@@ -656,25 +599,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
          * new row, read while qkv streams rather than after the barrier (an L2 round trip off the attention;
          * the scratch is free from the norm to the merge). The q/k norms write the new row into the tiles. */
         const bool kv_pre = TT == 1 && (int)blockIdx.x < att_units;
-        if (FM_MK_KVBULK && kv_pre && warp == 0) {
-            const int g = (int)blockIdx.x % n_kv, j0 = (int)blockIdx.x / n_kv * FMC_ATT_SPLIT, p0 = *P.pos;
-            const int nload = min(FMC_ATT_SPLIT, p0 + 1 - j0), ncopy = max(0, min(nload, p0 - j0));
-            const size_t kvd = (size_t)n_kv * HD;
-            if (tid == 0) mb_expect(m.nwb + 1, ncopy * 4 * HD);
-            __syncwarp();
-            for (int j = tid; j < ncopy; j += 32) {
-                bulk_copy_hint(Ks + j * attn_kp(HD), L.kc + (j0 + j) * kvd + g * HD, 2 * HD, m.nwb + 1,
-                               rg.pol);
-                bulk_copy_hint(Vs + j * attn_vp(HD), L.vc + (j0 + j) * kvd + g * HD, 2 * HD, m.nwb + 1,
-                               rg.pol);
-            }
-            for (int j = nload * (HD / 8) + tid; j < FMC_ATT_SPLIT * (HD / 8);
-                 j += 32) { /* rows past the end */
-                const int row = j / (HD / 8), c8 = j % (HD / 8);
-                *(int4 *)(Ks + row * attn_kp(HD) + c8 * 4) = make_int4(0, 0, 0, 0);
-                *(int4 *)(Vs + row * attn_vp(HD) + c8 * 8) = make_int4(0, 0, 0, 0);
-            }
-        } else if (kv_pre && warp < 4) {
+        if (kv_pre && warp < 4) {
             const attn_block a =
                 attn_block_setup<HD, QR>(T, n_heads, n_kv, P.pos, 1, (int)blockIdx.x % n_kv, 0, 0);
             attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, (int)blockIdx.x / n_kv, 3, tid, 128, rg.pol);
@@ -723,8 +648,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                 if (!early)
                     attn_copy_split<HD>(Ks, Vs, L.kc, L.vc, a, s, 2, tid, TW * 32,
                                         rg.pol); /* read once a step, as the weights */
-                else if (FM_MK_KVBULK)
-                    mk_wait(m.nwb + 1, kph);
                 if (TT > 1) attn_load_q<HD, QR>(P.q, Qs, 0, g, G, n_heads, QR, a.nq, tid, TW * 32);
                 cp_async_commit();
                 cp_async_wait<0>();
@@ -736,7 +659,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                                                   named_bar{MK_BAR_GRP + 1 + tile, 128});
             }
             named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
-            if (FM_MK_KVBULK && early) kph ^= 1;
         }
         sync(6);
         /* merge + quantise: a (head, token) per HD threads of the first Q8_THREADS */
@@ -913,10 +835,10 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     }
     int groups[4];
     size_t bytes[4];
-    for (int k = 0; k < 4; k++) { /* the GLU's in halves of its pairs (mk_item_at) */
+    for (int k = 0; k < 4; k++) {
         const fmc_q8 *w = mats0[k];
-        const size_t tiles = k == 2 ? 2 : 1;
-        groups[k] = k == 2 ? w->N / 32 : (w->N + 15) / 16;
+        const size_t tiles = k == 2 ? 4 : 1;
+        groups[k] = k == 2 ? w->N / 64 : (w->N + 15) / 16;
         bytes[k] = tiles * (size_t)(w->K / 32) * 544;
     }
     if (groups[0] > 65535 || groups[2] > 65535) {
@@ -931,18 +853,15 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
         mk->allocs.push_back(*dst);
         return src && cudaMemcpy(*dst, src, n, cudaMemcpyHostToDevice) != cudaSuccess ? -1 : 0;
     };
-    void *dl = NULL, *ds = NULL, *dc = NULL, *db = NULL, *dx = NULL, *dxc = NULL;
-    const int pairs = groups[2] / 2;
+    void *dl = NULL, *ds = NULL, *dc = NULL, *db = NULL;
     if (up(&dl, layers.data(), layers.size() * sizeof(mk_layer)) || up(&ds, start.data(), start.size() * 2) ||
-        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4) ||
-        up(&dx, NULL, (size_t)pairs * 2 * TT * 32 * 4) || up(&dxc, NULL, (size_t)pairs * 4) ||
-        cudaMemset(dxc, 0, (size_t)pairs * 4) != cudaSuccess) {
+        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4)) {
         fmc_mk_free(mk);
         snprintf(why, whylen, "cuda: out of device memory for the persistent kernel's tables");
         return -1;
     }
     p.L = (const mk_layer *)dl, p.gstart = (const unsigned short *)ds, p.gcount = (const unsigned short *)dc;
-    p.bar = (unsigned *)db, p.gx = (float *)dx, p.gxc = (unsigned *)dxc;
+    p.bar = (unsigned *)db;
     *out = mk;
     return 0;
 }
