@@ -30,15 +30,6 @@ enum { WARPS = 12, PER_WARP = 512 << 10, SMEM = 200 << 10 };
         }                                                                                                    \
     } while (0)
 
-__device__ __forceinline__ void bulk_copy_pol(void *dst, const void *src, unsigned bytes, uint64_t *b,
-                                              uint64_t pol) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
-        "%2, [%3], %4;" ::"r"(smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(b)), "l"(pol)
-        : "memory");
-}
-
 /* mode 0: bulk copies, 1: the same with evict-first, 2: ldg, 3: ldgsts */
 __global__ void __launch_bounds__(WARPS * 32, 1)
     k_stream(const unsigned char *src, int mode, int sb, int ns, unsigned *sink) {
@@ -55,7 +46,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             uint64_t *b = full + i % ns;
             mb_expect(b, sb);
             if (mode)
-                bulk_copy_pol(ring + (size_t)(i % ns) * sb, w + (size_t)i * sb, sb, b, pol);
+                bulk_copy_hint(ring + (size_t)(i % ns) * sb, w + (size_t)i * sb, sb, b, pol);
             else
                 bulk_copy(ring + (size_t)(i % ns) * sb, w + (size_t)i * sb, sb, b);
         };

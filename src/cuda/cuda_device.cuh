@@ -137,6 +137,15 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
         "l"(src), "r"(bytes), "r"(smem_addr(b))
         : "memory");
 }
+/* bulk_copy with an L2 policy (l2_evict_first: weights read once a step). */
+__device__ __forceinline__ void bulk_copy_hint(void *dst, const void *src, unsigned bytes, uint64_t *b,
+                                               uint64_t pol) {
+    FM_SM90_ASM(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
+        "%2, [%3], %4;" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(b)), "l"(pol)
+        : "memory");
+}
 #undef FM_SM90_ASM
 
 __device__ __forceinline__ float ld_cg(const float *p) {

@@ -134,16 +134,6 @@ __device__ __forceinline__ void mk_wait(uint64_t *b, unsigned parity) {
     while (!mb_try(b, parity))
         if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
 }
-/* bulk_copy with an L2 policy: the weights are read once a step. */
-__device__ __forceinline__ void bulk_copy_hint(void *dst, const void *src, unsigned bytes, uint64_t *b,
-                                               uint64_t pol) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
-        "%2, [%3], %4;" ::"r"(smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(b)), "l"(pol)
-        : "memory");
-}
-
 /* Every thread of every block arrives; returns once all have. Thread 0 of a block counts it in with a release
  * reduction (after the block's writes, which the named barrier orders before it) and waits with acquire
  * loads, as CUTLASS's grid barrier does; data written by other blocks is then read through L2 (ld.cg,
