@@ -9,7 +9,8 @@
  *   bulk   lane 0 refills a ring of `ns` stages of `sb` bytes by cp.async.bulk (mbarrier completion), as the
  *          persistent step does (with its L2 evict-first policy, or without);
  *   ldg    every lane loads 16 bytes, 8 such loads in flight (the product kernels' register loop);
- *   ldgsts every lane copies 16 bytes to shared memory by cp.async, a commit group a stage, `ns` in flight.
+ *   ldgsts every lane copies 16 bytes to shared memory by cp.async, a commit group a stage, LDGSTS_NS in
+ *          flight.
  * Each config runs 3 times; the fastest is printed as GB/s in all and per block.
  * usage: stream_probe */
 #include <cuda_runtime.h>
@@ -19,7 +20,12 @@
 
 #include "cuda/cuda_device.cuh"
 
-enum { WARPS = 12, PER_WARP = 512 << 10, SMEM = 200 << 10 };
+enum {
+    WARPS = 12,
+    PER_WARP = 512 << 10,
+    SMEM = 200 << 10,
+    LDGSTS_NS = 7 /* cp.async.wait_group takes a constant */
+};
 
 #define CK(x)                                                                                                \
     do {                                                                                                     \
@@ -72,6 +78,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             for (int k = 0; k < 8; k++) acc ^= v[k].x ^ v[k].w;
         }
     } else {
+        ns = LDGSTS_NS;
         unsigned char *ring = smem + (size_t)warp * ns * sb;
         const int n = PER_WARP / sb;
         for (int i = 0; i < n + ns - 1; i++) {
@@ -80,7 +87,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                     cp_async16(ring + (size_t)(i % ns) * sb + j, w + (size_t)i * sb + j);
             cp_async_commit();
             if (i >= ns - 1) {
-                cp_async_wait<6>(); /* ns = 7: the oldest of the 7 groups in flight has landed */
+                cp_async_wait<LDGSTS_NS - 1>(); /* the oldest of the groups in flight has landed */
                 __syncwarp();
                 acc ^= ((const unsigned *)(ring + (size_t)((i - ns + 1) % ns) * sb))[lane];
                 __syncwarp(); /* read before the slot's refill */
@@ -116,7 +123,7 @@ int main(void) {
                 {"bulk 8 KB x 2 evict-first", 1, 8192, 2},
                 {"bulk 1 KB x 12 evict-first", 1, 1024, 12},
                 {"ldg 8 x 16 B a lane", 2, 0, 0},
-                {"ldgsts 1 KB x 7", 3, 1024, 7}};
+                {"ldgsts 1 KB x 7", 3, 1024, LDGSTS_NS}};
     const int nblk[] = {sms, sms / 2, 40, 16, 4, 1};
     for (const cfg &c : cfgs) {
         if (c.mode <= 1 && (size_t)WARPS * c.ns * (c.sb + 8) > SMEM) continue;
