@@ -354,7 +354,7 @@ int main(int argc, char **argv) {
         static const char *phase[18] = {"norm",    "qkv",     "barrier", "q/k norm", "barrier", "attention",
                                         "barrier", "merge",   "barrier", "act load", "wo",      "barrier",
                                         "norm",    "gate/up", "barrier", "act load", "down",    "barrier"};
-        double us[3 * 18 + 8], tot = 0;
+        double us[3 * 18 + 16], tot = 0;
         /* FM_BENCH_MEGA_TRACE=verify: verify(8) blocks' instead */
         const int vb = !strcmp(getenv("FM_BENCH_MEGA_TRACE"), "verify");
         fm_cuda_debug_set_mega(gb, 1);
@@ -403,10 +403,15 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 18; i++) printf(" %.2f", bus[b * 18 + i]);
             printf("\n");
         }
-        for (int k = 0; k < 4; k++) /* a profiling build's stalls (cuda_megakernel.cu, FM_MK_PROFILE) */
-            if (us[54 + 2 * k] > 0)
-                printf("RESULT mega stalls %-8s a warp, a layer: waiting %.0f cycles, issuing %.0f cycles\n",
-                       prod[k], us[54 + 2 * k] / 24, us[55 + 2 * k] / 24); /* 8 + 16 steps since enabled */
+        for (int k = 0; k < 4; k++) { /* a profiling build's stalls (cuda_megakernel.cu, FM_MK_PROFILE) */
+            const double *v = us + 54 + 4 * k, st = v[3] > 0 ? v[3] : 1; /* 8 + 16 steps since enabled */
+            if (v[1] > 0)
+                printf(
+                    "RESULT mega stalls %-8s a warp, a layer: waiting %.0f cycles, issuing %.0f, streaming "
+                    "%.0f in all, %.1f stages; a stage: %.0f waiting, %.0f issuing, %.0f the rest\n",
+                    prod[k], v[0] / 24, v[1] / 24, v[2] / 24, v[3] / 24, v[0] / st, v[1] / st,
+                    (v[2] - v[0] - v[1]) / st);
+        }
         return 0;
     }
     if (getenv("FM_BENCH_MEGA_AB") && mk_stages) { /* plain steps, persistent kernel off / on, alternated */

@@ -52,7 +52,7 @@ int fm_cuda_debug_set_mega(fm_cuda_backend *b, int mode);
 /* The persistent step kernel's phase clock (cuda_kernels.cuh, fmc_mk_trace): us == NULL: on (1; 2: the
  * verify blocks' instance instead) / off (graphs are captured again); else the last step's phase means into
  * us[0 .. 54) (block 0's, the slowest block's, the fastest block's) and a profiling build's stalls into us[54
- * .. 62) (fmc_mk_trace_read), returning 18, or < 0. */
+ * .. 70) (fmc_mk_trace_read), returning 18, or < 0. */
 int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us);
 /* The same trace for every block (fmc_mk_trace_blocks): us[block * 18 + phase], info[block * 5 ..] = the
  * block's SM and its groups of the four products; returns the blocks, or < 0. */

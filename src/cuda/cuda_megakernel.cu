@@ -37,7 +37,8 @@
 #include "cuda/cuda_q8_narrow.cuh"
 
 /* -DFM_MK_PROFILE=1 (diagnostics): with the phase clock on, every warp also counts the cycles its lane 0
- * spends waiting for ring stages and issuing their copies, per product (fmc_mk_trace_read's us[54 ..)). */
+ * spends waiting for ring stages, issuing their copies and in mk_stream_unit in all, and its stages, per
+ * product (fmc_mk_trace_read's us[54 ..)). */
 #ifndef FM_MK_PROFILE
 #define FM_MK_PROFILE 0
 #endif
@@ -101,7 +102,7 @@ struct mk_params {
     int T, ldcap;              /* the launch's tokens (1 .. the instance's TT); the captured rows' stride */
     unsigned long long *trace; /* each block's clock at each phase boundary, [blocks][n_layers][MK_TRACE],
                                   then each block's SM */
-    unsigned long long *prof;  /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue], warps' sum */
+    unsigned long long *prof;  /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue, stream, stage] */
     float eps;
 };
 
@@ -274,6 +275,7 @@ struct mk_ring {
     uint64_t pol;
     mk_plan pl;
     long long wait_cy, issue_cy; /* FM_MK_PROFILE: lane 0's cycles in mk_wait and in issue */
+    long long stream_cy, nst;    /* FM_MK_PROFILE: lane 0's cycles in mk_stream_unit, and its stages */
     /* the cursor's stage into ring slot `at` of the warp's ring */
     __device__ __forceinline__ void issue(const mk_smem &m, int ns, int at) {
         const int warp = threadIdx.x >> 5;
@@ -392,10 +394,16 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
     const uint2 *xw = (const uint2 *)m.xs + (size_t)kb0 * XB + (TT == 1 ? c : lane);
     const float *dw = m.ds + (size_t)kb0 * TT + (TT == 1 ? 0 : 2 * c);
     auto xd = [&](int kb) { return TT == 1 ? make_float2(dw[kb], 0.0f) : *(const float2 *)(dw + kb * 8); };
+    const long long cs = FM_MK_PROFILE ? clock64() : 0;
     auto tile = [&](const int4 &A, uint32_t sc, uint2 xv, float2 dx) {
         int d[4];
         mma_s8(d, A, xv.x, xv.y);
-        q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), dx);
+        if (TT == 1) { /* token 0's sums only, as q8_scale_add makes them (token 1's were never stored) */
+            acc[0] = __fmaf_rn((float)d[0], __fmul_rn(half_lo(sc), dx.x), acc[0]);
+            acc[2] = __fmaf_rn((float)d[2], __fmul_rn(half_hi(sc), dx.x), acc[2]);
+        } else {
+            q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), dx);
+        }
     };
     for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
         const size_t st = (size_t)warp * ns + rg.s;
@@ -426,7 +434,9 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
             if (FM_MK_PROFILE) rg.issue_cy += clock64() - c1;
         }
         if (++rg.s == ns) rg.s = 0, rg.ph ^= 1;
+        if (FM_MK_PROFILE) rg.nst++;
     }
+    if (FM_MK_PROFILE) rg.stream_cy += clock64() - cs;
 }
 
 /* One product of a.T tokens: the block's groups MK_SLOTS at a time (warps 0..3, 4..7, ...), warp r of a slot
@@ -556,11 +566,11 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         auto product = [&](int k, auto mode, const q8_args &a) {
             mk_product<decltype(mode)::value, TT>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
             if (FM_MK_PROFILE && P.prof && (tid & 31) == 0) {
-                unsigned long long *d = P.prof + (((size_t)blockIdx.x * P.n_layers + l) * 4 + k) * 2;
-                atomicAdd(d, (unsigned long long)rg.wait_cy),
-                    atomicAdd(d + 1, (unsigned long long)rg.issue_cy);
+                unsigned long long *d = P.prof + (((size_t)blockIdx.x * P.n_layers + l) * 4 + k) * 4;
+                const long long v[4] = {rg.wait_cy, rg.issue_cy, rg.stream_cy, rg.nst};
+                for (int i = 0; i < 4; i++) atomicAdd(d + i, (unsigned long long)v[i]);
             }
-            rg.wait_cy = rg.issue_cy = 0;
+            rg.wait_cy = rg.issue_cy = rg.stream_cy = rg.nst = 0;
         };
         /* RMSNorm + quantise x with the fetched weights */
         auto norm = [&]() {
@@ -891,7 +901,7 @@ int fmc_mk_trace(fmc_mk *mk, int on) {
         return 0;
     }
     void *t = NULL, *pr = NULL;
-    const size_t np = (size_t)mk->grid * mk->p.n_layers * 8 * 8;
+    const size_t np = (size_t)mk->grid * mk->p.n_layers * 16 * 8;
     if (cudaMalloc(&t, (size_t)mk->grid * (mk->p.n_layers * MK_TRACE + 1) * 8) != cudaSuccess) return -1;
     mk->allocs.push_back(t);
     if (cudaMalloc(&pr, np) != cudaSuccess || cudaMemset(pr, 0, np) != cudaSuccess) return -1;
@@ -932,14 +942,14 @@ int fmc_mk_trace_read(const fmc_mk *mk, double *us) {
     }
     /* the stall profile (FM_MK_PROFILE builds; zeros otherwise): a warp's mean cycles a layer, summed over
      * the steps since the last read (the caller divides by their count), then reset */
-    std::vector<unsigned long long> pr((size_t)nb * L * 8, 0);
+    std::vector<unsigned long long> pr((size_t)nb * L * 16, 0);
     if (cudaMemcpy(pr.data(), mk->p.prof, pr.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess ||
         cudaMemset(mk->p.prof, 0, pr.size() * 8) != cudaSuccess)
         return -1;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 16; i++) {
         double sum = 0;
         for (int b = 0; b < nb; b++)
-            for (int l = 1; l < L - 1; l++) sum += (double)pr[((size_t)b * L + l) * 8 + i];
+            for (int l = 1; l < L - 1; l++) sum += (double)pr[((size_t)b * L + l) * 16 + i];
         us[3 * MK_TRACE + i] = sum / ((double)nb * (L - 2) * MK_WARPS);
     }
     return MK_TRACE;
