@@ -39,30 +39,14 @@
 /* -DFM_MK_PROFILE=1 (diagnostics): with the phase clock on, every warp also counts the cycles its lane 0
  * spends waiting for ring stages, issuing their copies and in mk_stream_unit in all, and its stages, per
  * product (fmc_mk_trace_read's us[54 ..)). */
-#ifndef FM_MK_SCG /* EXPERIMENT: stages a copy of scales serves */
-#define FM_MK_SCG 1
-#endif
-#ifndef FM_MK_XCOPY /* EXPERIMENT (timing only, wrong results): 1 the quants' copy only, 2 no copies */
-#define FM_MK_XCOPY 0
-#endif
-#ifndef FM_MK_NI /* EXPERIMENT: 1 mk_stream_unit, 2 mk_product not inlined */
-#define FM_MK_NI 0
-#endif
-#if FM_MK_NI & 1
-#define MK_SU_INL __noinline__
-#else
-#define MK_SU_INL __forceinline__
-#endif
-#if FM_MK_NI & 2
-#define MK_PR_INL __noinline__
-#else
-#define MK_PR_INL __forceinline__
-#endif
-#ifndef FM_MK_PAIR
-#define FM_MK_PAIR 0
-#endif
 #ifndef FM_MK_PROFILE
 #define FM_MK_PROFILE 0
+#endif
+/* -DFM_MK_NOCOPY=1 (diagnostics; timing only, the results are wrong): every ring stage completes at once,
+ * without its copies, so the step runs without the weight stream: its floor of compute, phases and barriers
+ * (bench/RESULTS.md, thirty-fourth session). */
+#ifndef FM_MK_NOCOPY
+#define FM_MK_NOCOPY 0
 #endif
 
 namespace {
@@ -81,8 +65,6 @@ enum {
     MK_STAGE_TILES = 4,                        /* weight tiles of a ring stage */
     MK_STAGE_W = MK_STAGE_TILES * 512,         /* their quants */
     MK_STAGE_S = MK_STAGE_TILES * 32,          /* their scale pairs */
-    MK_SCG = FM_MK_SCG,                        /* stages whose scales come in one copy (a group) */
-    MK_SLOT_S = MK_SCG * MK_STAGE_S,           /* a scale group's place */
     MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
     MK_CH = 16,                                /* splits the merge folds a chunk (two buffers: 16.6 KB) */
     MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile_kw) */
@@ -225,7 +207,7 @@ template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *bas
     const size_t stages = (size_t)MK_WARPS * P.ns;
     m.ring_w = base;
     m.ring_s = m.ring_w + stages * MK_STAGE_W;
-    m.full = (uint64_t *)(m.ring_s + stages * MK_SLOT_S);
+    m.full = (uint64_t *)(m.ring_s + stages * MK_STAGE_S);
     m.nwb = m.full + stages;
     unsigned char *p = (unsigned char *)(m.nwb + 2);
     if (TT == 1) {
@@ -300,37 +282,21 @@ struct mk_ring {
     mk_plan pl;
     long long wait_cy, issue_cy; /* FM_MK_PROFILE: lane 0's cycles in mk_wait and in issue */
     long long stream_cy, nst;    /* FM_MK_PROFILE: lane 0's cycles in mk_stream_unit, and its stages */
-    int gp, gc, gn;              /* MK_SCG > 1: the next group place lane 0 fills; the one read, the next */
     /* the cursor's stage into ring slot `at` of the warp's ring */
     __device__ __forceinline__ void issue(const mk_smem &m, int ns, int at) {
         const int warp = threadIdx.x >> 5;
         const unsigned n = cur.tiles();
         uint64_t *b = m.full + warp * ns + at;
-        if (FM_MK_XCOPY == 2) {
+        if (FM_MK_NOCOPY) {
             mb_arrive(b);
-        } else if (FM_MK_XCOPY == 1) {
-            mb_expect(b, n * 512);
-            bulk_copy_hint(m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W, cur.qs + (size_t)cur.kb * 32,
-                           n * 512, b, pol);
-        } else if (MK_SCG == 1) {
-            mb_expect(b, n * 544);
-            bulk_copy_hint(m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W, cur.qs + (size_t)cur.kb * 32,
-                           n * 512, b, pol);
-            bulk_copy_hint(m.ring_s + ((size_t)warp * ns + at) * MK_STAGE_S, cur.sc + (size_t)cur.kb * 8,
-                           n * 32, b, pol);
-        } else { /* a group's first stage brings the scales of the group's stages, into the next group place
-                  */
-            const bool first = (cur.kb / MK_STAGE_TILES) % MK_SCG == 0;
-            const unsigned ns_t = min(MK_SCG * MK_STAGE_TILES, cur.nbw - cur.kb);
-            mb_expect(b, n * 512 + (first ? ns_t * 32 : 0));
-            bulk_copy_hint(m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W, cur.qs + (size_t)cur.kb * 32,
-                           n * 512, b, pol);
-            if (first) {
-                bulk_copy_hint(m.ring_s + ((size_t)warp * ns + gp) * MK_SLOT_S, cur.sc + (size_t)cur.kb * 8,
-                               ns_t * 32, b, pol);
-                if (++gp == ns) gp = 0;
-            }
+            cur.advance(pl);
+            return;
         }
+        mb_expect(b, n * 544);
+        bulk_copy_hint(m.ring_w + ((size_t)warp * ns + at) * MK_STAGE_W, cur.qs + (size_t)cur.kb * 32,
+                       n * 512, b, pol);
+        bulk_copy_hint(m.ring_s + ((size_t)warp * ns + at) * MK_STAGE_S, cur.sc + (size_t)cur.kb * 8, n * 32,
+                       b, pol);
         cur.advance(pl);
     }
 };
@@ -432,8 +398,8 @@ template <int TT> __device__ void mk_load_act(const int8_t *xq, const float *xd,
  * 1: every lane takes token 0's fragment (columns past 0 are not stored); 8: token g's, with the scales of
  * tokens 2c, 2c + 1 (those past the launch's T are not stored either). */
 template <int TT>
-__device__ MK_SU_INL void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_ring &rg, const mk_smem &m,
-                                         int ns) {
+__device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_ring &rg,
+                                               const mk_smem &m, int ns) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     constexpr int XB = TT == 1 ? 4 : 32; /* uint2 a 32-block */
     const uint2 *xw = (const uint2 *)m.xs + (size_t)kb0 * XB + (TT == 1 ? c : lane);
@@ -450,56 +416,13 @@ __device__ MK_SU_INL void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_r
             q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), dx);
         }
     };
-    int kb = 0;
-#if FM_MK_PAIR > 1 /* EXPERIMENT: one-token units take FM_MK_PAIR full stages at a time */
-    constexpr int NP = FM_MK_PAIR;
-    if (TT == 1 && MK_SCG == 1)
-        for (; nbw - kb >= NP * MK_STAGE_TILES; kb += NP * MK_STAGE_TILES) {
-            int sl[NP];
-            unsigned ph[NP];
-            sl[0] = rg.s, ph[0] = rg.ph;
-#pragma unroll
-            for (int i = 1; i < NP; i++)
-                sl[i] = sl[i - 1] + 1 == ns ? 0 : sl[i - 1] + 1,
-                ph[i] = sl[i - 1] + 1 == ns ? ph[i - 1] ^ 1 : ph[i - 1];
-#pragma unroll
-            for (int i = 0; i < NP; i++) mk_wait(m.full + (size_t)warp * ns + sl[i], ph[i]);
-            int4 A[NP * MK_STAGE_TILES];
-            uint32_t sc[NP * MK_STAGE_TILES];
-            uint2 xv[NP * MK_STAGE_TILES];
-            float2 dx[NP * MK_STAGE_TILES];
-#pragma unroll
-            for (int k = 0; k < NP * MK_STAGE_TILES; k++) {
-                const size_t st = (size_t)warp * ns + sl[k / MK_STAGE_TILES];
-                const int kk = k % MK_STAGE_TILES;
-                A[k] = ((const int4 *)(m.ring_w + st * MK_STAGE_W) + lane)[kk * 32];
-                sc[k] = ((const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g)[kk * 8];
-                xv[k] = xw[(size_t)(kb + k) * XB], dx[k] = xd(kb + k);
-            }
-#pragma unroll
-            for (int k = 0; k < NP * MK_STAGE_TILES; k++) tile(A[k], sc[k], xv[k], dx[k]);
-            __syncwarp();
-            if (lane == 0)
-#pragma unroll
-                for (int i = 0; i < NP; i++)
-                    if (rg.cur.live) rg.issue(m, ns, sl[i]);
-            rg.s = sl[NP - 1] + 1 == ns ? 0 : sl[NP - 1] + 1;
-            rg.ph = sl[NP - 1] + 1 == ns ? ph[NP - 1] ^ 1 : ph[NP - 1];
-        }
-#endif
-    for (; kb < nbw; kb += MK_STAGE_TILES) {
+    for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
         const size_t st = (size_t)warp * ns + rg.s;
         const long long c0 = FM_MK_PROFILE ? clock64() : 0;
         mk_wait(m.full + st, rg.ph);
         if (FM_MK_PROFILE) rg.wait_cy += clock64() - c0;
         const int4 *W = (const int4 *)(m.ring_w + st * MK_STAGE_W) + lane;
-        if (MK_SCG > 1 && (kb / MK_STAGE_TILES) % MK_SCG == 0)
-            rg.gc = rg.gn, rg.gn = rg.gn + 1 == ns ? 0 : rg.gn + 1;
-        const uint32_t *S = MK_SCG == 1
-                                ? (const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g
-                                : (const uint32_t *)(m.ring_s + ((size_t)warp * ns + rg.gc) * MK_SLOT_S +
-                                                     (kb / MK_STAGE_TILES) % MK_SCG * MK_STAGE_S) +
-                                      g;
+        const uint32_t *S = (const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g;
         if (nbw - kb >= MK_STAGE_TILES) { /* a full stage: its tiles into registers at once */
             int4 A[MK_STAGE_TILES];
             uint32_t sc[MK_STAGE_TILES];
@@ -532,8 +455,8 @@ __device__ MK_SU_INL void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_r
  * gemm_merge) and stores (q8_out; += x with x's old rows loaded before the stream), or the slot's warps write
  * the GLU's output of their tokens (q8_glu_out). */
 template <int MODE, int TT>
-__device__ MK_PR_INL void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt, mk_ring &rg,
-                                     const mk_smem &m, int ns) {
+__device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt, mk_ring &rg,
+                                           const mk_smem &m, int ns) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slot = warp >> 2, r = warp & 3;
     const int g = lane >> 2, c = lane & 3, units = mk_units(M);
     for (int jr = 0; MK_SLOTS * jr + slot < cnt; jr++) {
@@ -799,7 +722,7 @@ size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim, int TT) {
                  norm = (size_t)max_nb * 32 + (size_t)dim / 32 * 256 + (size_t)dim * 4; /* + x's row */
     return head + ((size_t)dim * 4 + 127) / 128 * 128 + std::max(std::max(attn, merge), std::max(act, norm));
 }
-constexpr size_t MK_STAGE_BYTES = (size_t)MK_WARPS * (MK_STAGE_W + MK_SLOT_S + 8);
+constexpr size_t MK_STAGE_BYTES = (size_t)MK_WARPS * (MK_STAGE_W + MK_STAGE_S + 8);
 
 typedef void (*mk_kernel)(const mk_params);
 template <int TT> mk_kernel mk_pick(int hd) {
