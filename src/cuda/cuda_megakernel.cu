@@ -395,8 +395,8 @@ template <int TT> __device__ void mk_load_act(const int8_t *xq, const float *xd,
 
 /* The calling warp's unit of nbw 32-blocks from kb0 of the product's activations (the block's m.xs / m.ds),
  * its stages taken from the warp's ring, into acc (fmc_split's order: acc = fma(isum, dw * dx, acc)). TT =
- * 1: every lane takes token 0's fragment (columns past 0 are not stored); 8: token g's, with the scales of
- * tokens 2c, 2c + 1 (those past the launch's T are not stored either). */
+ * 1: every lane takes token 0's fragment (the sums of the columns past 0 are neither made nor stored); 8:
+ * token g's, with the scales of tokens 2c, 2c + 1 (those past the launch's T are not stored). */
 template <int TT>
 __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_ring &rg,
                                                const mk_smem &m, int ns) {
