@@ -69,6 +69,7 @@ enum {
     MK_CH = 16,                                /* splits the merge folds a chunk (two buffers: 16.6 KB) */
     MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile_kw) */
     MK_TRACE = 18,                             /* phase boundaries a layer (fmc_mk_trace) */
+    MK_PROF = 16, /* FM_MK_PROFILE's counts a layer: 4 products x [wait, issue, stream, stages] */
 };
 static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 12, "8 or 12 warps a block");
 /* Named barriers (0 is __syncthreads). A phase's sub-block barriers (a product's slots, the q/k norms' and
@@ -409,12 +410,10 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
     auto tile = [&](const int4 &A, uint32_t sc, uint2 xv, float2 dx) {
         int d[4];
         mma_s8(d, A, xv.x, xv.y);
-        if (TT == 1) { /* token 0's sums only, as q8_scale_add makes them (token 1's were never stored) */
-            acc[0] = __fmaf_rn((float)d[0], __fmul_rn(half_lo(sc), dx.x), acc[0]);
-            acc[2] = __fmaf_rn((float)d[2], __fmul_rn(half_hi(sc), dx.x), acc[2]);
-        } else {
+        if (TT == 1)
+            q8_scale_add_t0(acc, d, sc, dx.x);
+        else
             q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), dx);
-        }
     };
     for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
         const size_t st = (size_t)warp * ns + rg.s;
@@ -577,7 +576,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         auto product = [&](int k, auto mode, const q8_args &a) {
             mk_product<decltype(mode)::value, TT>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
             if (FM_MK_PROFILE && P.prof && (tid & 31) == 0) {
-                unsigned long long *d = P.prof + (((size_t)blockIdx.x * P.n_layers + l) * 4 + k) * 4;
+                unsigned long long *d = P.prof + ((size_t)blockIdx.x * P.n_layers + l) * MK_PROF + k * 4;
                 const long long v[4] = {rg.wait_cy, rg.issue_cy, rg.stream_cy, rg.nst};
                 for (int i = 0; i < 4; i++) atomicAdd(d + i, (unsigned long long)v[i]);
             }
@@ -912,7 +911,7 @@ int fmc_mk_trace(fmc_mk *mk, int on) {
         return 0;
     }
     void *t = NULL, *pr = NULL;
-    const size_t np = (size_t)mk->grid * mk->p.n_layers * 16 * 8;
+    const size_t np = (size_t)mk->grid * mk->p.n_layers * MK_PROF * 8;
     if (cudaMalloc(&t, (size_t)mk->grid * (mk->p.n_layers * MK_TRACE + 1) * 8) != cudaSuccess) return -1;
     mk->allocs.push_back(t);
     if (cudaMalloc(&pr, np) != cudaSuccess || cudaMemset(pr, 0, np) != cudaSuccess) return -1;
@@ -953,14 +952,14 @@ int fmc_mk_trace_read(const fmc_mk *mk, double *us) {
     }
     /* the stall profile (FM_MK_PROFILE builds; zeros otherwise): a warp's mean cycles a layer, summed over
      * the steps since the last read (the caller divides by their count), then reset */
-    std::vector<unsigned long long> pr((size_t)nb * L * 16, 0);
+    std::vector<unsigned long long> pr((size_t)nb * L * MK_PROF, 0);
     if (cudaMemcpy(pr.data(), mk->p.prof, pr.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess ||
         cudaMemset(mk->p.prof, 0, pr.size() * 8) != cudaSuccess)
         return -1;
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < MK_PROF; i++) {
         double sum = 0;
         for (int b = 0; b < nb; b++)
-            for (int l = 1; l < L - 1; l++) sum += (double)pr[((size_t)b * L + l) * 16 + i];
+            for (int l = 1; l < L - 1; l++) sum += (double)pr[((size_t)b * L + l) * MK_PROF + i];
         us[3 * MK_TRACE + i] = sum / ((double)nb * (L - 2) * MK_WARPS);
     }
     return MK_TRACE;

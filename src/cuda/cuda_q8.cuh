@@ -70,6 +70,13 @@ __device__ __forceinline__ void q8_scale_add(float (&acc)[4], const int (&d)[4],
     acc[3] = __fmaf_rn(f3, __fmul_rn(dw1, dx.y), acc[3]);
 }
 
+/* q8_scale_add<4>'s acc[0] and acc[2] only, with the scale pair s (half_lo, half_hi): token 0's two rows,
+ * where a one-token product never stores the other column (the same bits as q8_scale_add for those two). */
+__device__ __forceinline__ void q8_scale_add_t0(float (&acc)[4], const int (&d)[4], uint32_t s, float dx0) {
+    acc[0] = __fmaf_rn((float)d[0], __fmul_rn(half_lo(s), dx0), acc[0]);
+    acc[2] = __fmaf_rn((float)d[2], __fmul_rn(half_hi(s), dx0), acc[2]);
+}
+
 /* v into (row, token t) of the output, and of its copy y2 when there is one. */
 __device__ __forceinline__ void q8_put(const q8_args &a, int row, int t, float v) {
     a.y[(size_t)t * a.ldy + row] = v;
