@@ -48,23 +48,6 @@
 #ifndef FM_MK_NOCOPY
 #define FM_MK_NOCOPY 0
 #endif
-/* EXPERIMENTS of the thirty-fifth session, all off by default (bench/RESULTS.md): -DFM_MK_PAIR=2/3 (a
- * one-token unit takes 2 / 3 full stages at a time), -DFM_MK_LDS=1 (a one-token stage's x in 2 LDS.128 and
- * x's scales in 1), -DFM_MK_DEFER=1 (FMC_MEGA_DEFER=1/2/3: qkv's refills issued after its barrier / the
- * attention / the merge), -DFM_MK_L2PF=1/2 (FMC_MEGA_PF=a0,a1,a2,a3: the tiles past each warp's ring into L2
- * at 4 points, by bulk requests / by lanes) */
-#ifndef FM_MK_PAIR
-#define FM_MK_PAIR 0
-#endif
-#ifndef FM_MK_LDS
-#define FM_MK_LDS 0
-#endif
-#ifndef FM_MK_DEFER
-#define FM_MK_DEFER 0
-#endif
-#ifndef FM_MK_L2PF
-#define FM_MK_L2PF 0
-#endif
 
 namespace {
 
@@ -128,8 +111,6 @@ struct mk_params {
                                   then each block's SM */
     unsigned long long *prof;  /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue, stream, stage] */
     float eps;
-    int pf[4]; /* EXPERIMENT (FM_MK_L2PF) */
-    int defer; /* EXPERIMENT (FM_MK_DEFER) */
 };
 
 /* The device code below uses sm_90's copy engine and mbarriers; the portable PTX pass (compute_80) compiles
@@ -302,11 +283,6 @@ struct mk_ring {
     mk_plan pl;
     long long wait_cy, issue_cy; /* FM_MK_PROFILE: lane 0's cycles in mk_wait and in issue */
     long long stream_cy, nst;    /* FM_MK_PROFILE: lane 0's cycles in mk_stream_unit, and its stages */
-    int defer, pend, pend_s;     /* EXPERIMENT (FM_MK_DEFER): lane 0's deferred refills, from slot pend_s */
-    __device__ __forceinline__ void flush(const mk_smem &m, int ns) {
-        for (int i = 0; i < pend && cur.live; i++) issue(m, ns, (pend_s + i) % ns);
-        pend = 0;
-    }
     /* the cursor's stage into ring slot `at` of the warp's ring */
     __device__ __forceinline__ void issue(const mk_smem &m, int ns, int at) {
         const int warp = threadIdx.x >> 5;
@@ -324,46 +300,6 @@ struct mk_ring {
                        b, pol);
         cur.advance(pl);
     }
-    /* EXPERIMENT: lane 0: the next `ahead` tiles of the warp's sequence past its ring into L2, a bulk
-     * prefetch per unit (stateless: what an earlier point fetched is an L2 hit) */
-    __device__ __forceinline__ void prefetch(int ahead) {
-        mk_cursor c = cur;
-        while (ahead > 0 && c.live) {
-            const int n = min(ahead, c.nbw - c.kb);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c.qs + (size_t)c.kb * 32),
-                         "r"(n * 512)
-                         : "memory");
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c.sc + (size_t)c.kb * 8),
-                         "r"(n * 32)
-                         : "memory");
-            ahead -= n;
-            c.next_unit(pl);
-        }
-    }
-    /* EXPERIMENT (FM_MK_L2PF = 2): the same by the warp's lanes, a prefetch.global.L2 a line (the whole
-     * warp calls it; lane 0's cursor is the ring's) */
-    __device__ __forceinline__ void prefetch_lanes(int ahead) {
-        const int lane = threadIdx.x & 31;
-        mk_cursor c = cur;
-        for (;;) {
-            int n = 0;
-            unsigned long long q = 0, sc = 0;
-            if (lane == 0 && ahead > 0 && c.live) {
-                n = min(ahead, c.nbw - c.kb);
-                q = (unsigned long long)(c.qs + (size_t)c.kb * 32),
-                sc = (unsigned long long)(c.sc + (size_t)c.kb * 8);
-                ahead -= n;
-                c.next_unit(pl);
-            }
-            n = __shfl_sync(~0u, n, 0);
-            if (!n) break;
-            q = __shfl_sync(~0u, q, 0), sc = __shfl_sync(~0u, sc, 0);
-            for (int i = lane; i < 4 * n; i += 32)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(q + (size_t)i * 128) : "memory");
-            if (lane < (n * 32 + 127) / 128)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(sc + lane * 128) : "memory");
-        }
-    }
 };
 
 /* The quantiser's output into the block's activations: token 0's 32 quants of each 32-block in the order of
@@ -372,10 +308,7 @@ struct mk_smem_sink {
     unsigned char *xs;
     float *ds;
     __device__ __forceinline__ void word(int b, int m, uint32_t q) const {
-        if (FM_MK_LDS)
-            *(uint32_t *)(xs + ((b >> 1) * 4 + (m & 3)) * 16 + (b & 1) * 8 + (m >> 2) * 4) = q;
-        else
-            *(uint32_t *)(xs + b * 32 + (m & 3) * 8 + (m >> 2) * 4) = q;
+        *(uint32_t *)(xs + b * 32 + (m & 3) * 8 + (m >> 2) * 4) = q;
     }
     __device__ __forceinline__ void scale(int b, float d) const { ds[b] = d; }
 };
@@ -447,22 +380,7 @@ __device__ __forceinline__ void mk_norm_fetch(const mk_smem &m, float *nws, cons
  * (TT = 1), or the first n-tile's 8 tokens as they are. */
 template <int TT> __device__ void mk_load_act(const int8_t *xq, const float *xd, int K, const mk_smem &m) {
     const int NB = K >> 5, tid = threadIdx.x;
-    if (TT == 1 && FM_MK_LDS) {
-        for (int j0 = 0; j0 < 4 * NB; j0 += 4 * MK_THREADS) {
-            uint2 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int j = j0 + u * MK_THREADS + tid;
-                if (j < 4 * NB) v[u] = __ldcg((const uint2 *)(xq + (size_t)(j >> 2) * 256 + (j & 3) * 8));
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int j = j0 + u * MK_THREADS + tid, b = j >> 2;
-                if (j < 4 * NB) *(uint2 *)(m.xs + ((b >> 1) * 4 + (j & 3)) * 16 + (b & 1) * 8) = v[u];
-            }
-        }
-        for (int j = tid; j < NB; j += MK_THREADS) m.ds[j] = __ldcg(xd + (size_t)j * 8);
-    } else if (TT == 1) {
+    if (TT == 1) {
         for (int j = tid; j < 2 * NB; j += MK_THREADS)
             cp_async16(m.xs + (size_t)j * 16, xq + (size_t)(j >> 1) * 256 + (j & 1) * 16);
         for (int j = tid; j < NB; j += MK_THREADS) m.ds[j] = __ldcg(xd + (size_t)j * 8);
@@ -497,48 +415,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         else
             q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), dx);
     };
-    int kb = 0;
-#if FM_MK_PAIR > 1 && FM_MK_LDS
-#error "FM_MK_PAIR with FM_MK_LDS"
-#endif
-#if FM_MK_PAIR > 1 /* EXPERIMENT: one-token units take FM_MK_PAIR full stages at a time */
-    constexpr int NP = FM_MK_PAIR;
-    if (TT == 1)
-        for (; nbw - kb >= NP * MK_STAGE_TILES; kb += NP * MK_STAGE_TILES) {
-            int sl[NP];
-            unsigned ph[NP];
-            sl[0] = rg.s, ph[0] = rg.ph;
-#pragma unroll
-            for (int i = 1; i < NP; i++)
-                sl[i] = sl[i - 1] + 1 == ns ? 0 : sl[i - 1] + 1,
-                ph[i] = sl[i - 1] + 1 == ns ? ph[i - 1] ^ 1 : ph[i - 1];
-#pragma unroll
-            for (int i = 0; i < NP; i++) mk_wait(m.full + (size_t)warp * ns + sl[i], ph[i]);
-            int4 A[NP * MK_STAGE_TILES];
-            uint32_t sc[NP * MK_STAGE_TILES];
-            uint2 xv[NP * MK_STAGE_TILES];
-            float2 dx[NP * MK_STAGE_TILES];
-#pragma unroll
-            for (int k = 0; k < NP * MK_STAGE_TILES; k++) {
-                const size_t st = (size_t)warp * ns + sl[k / MK_STAGE_TILES];
-                const int kk = k % MK_STAGE_TILES;
-                A[k] = ((const int4 *)(m.ring_w + st * MK_STAGE_W) + lane)[kk * 32];
-                sc[k] = ((const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g)[kk * 8];
-                xv[k] = xw[(size_t)(kb + k) * XB], dx[k] = xd(kb + k);
-            }
-#pragma unroll
-            for (int k = 0; k < NP * MK_STAGE_TILES; k++) tile(A[k], sc[k], xv[k], dx[k]);
-            __syncwarp();
-            if (lane == 0)
-#pragma unroll
-                for (int i = 0; i < NP; i++)
-                    if (rg.cur.live) rg.issue(m, ns, sl[i]);
-            rg.s = sl[NP - 1] + 1 == ns ? 0 : sl[NP - 1] + 1;
-            rg.ph = sl[NP - 1] + 1 == ns ? ph[NP - 1] ^ 1 : ph[NP - 1];
-        }
-#endif
-    for (; kb < nbw; kb += MK_STAGE_TILES) {
-        if (FM_MK_DEFER && lane == 0 && rg.pend == ns) rg.flush(m, ns); /* the next stage is a deferred one */
+    for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
         const size_t st = (size_t)warp * ns + rg.s;
         const long long c0 = FM_MK_PROFILE ? clock64() : 0;
         mk_wait(m.full + st, rg.ph);
@@ -550,38 +427,18 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
             uint32_t sc[MK_STAGE_TILES];
             uint2 xv[MK_STAGE_TILES];
             float2 dx[MK_STAGE_TILES];
-            if (TT == 1 && FM_MK_LDS) { /* kb0 + kb is a multiple of 4: x of blocks 2i, 2i + 1 in one uint4 */
-                const uint4 *x4 = (const uint4 *)m.xs + ((size_t)(kb0 + kb) >> 1) * 4 + c;
-                const uint4 v0 = x4[0], v1 = x4[4];
-                const float4 d4 = *(const float4 *)(dw + kb);
-                xv[0] = make_uint2(v0.x, v0.y), xv[1] = make_uint2(v0.z, v0.w);
-                xv[2] = make_uint2(v1.x, v1.y), xv[3] = make_uint2(v1.z, v1.w);
-                dx[0] = make_float2(d4.x, 0.0f), dx[1] = make_float2(d4.y, 0.0f);
-                dx[2] = make_float2(d4.z, 0.0f), dx[3] = make_float2(d4.w, 0.0f);
 #pragma unroll
-                for (int k = 0; k < MK_STAGE_TILES; k++) A[k] = W[k * 32], sc[k] = S[k * 8];
-            } else {
-#pragma unroll
-                for (int k = 0; k < MK_STAGE_TILES; k++)
-                    A[k] = W[k * 32], sc[k] = S[k * 8], xv[k] = xw[(size_t)(kb + k) * XB], dx[k] = xd(kb + k);
-            }
+            for (int k = 0; k < MK_STAGE_TILES; k++)
+                A[k] = W[k * 32], sc[k] = S[k * 8], xv[k] = xw[(size_t)(kb + k) * XB], dx[k] = xd(kb + k);
 #pragma unroll
             for (int k = 0; k < MK_STAGE_TILES; k++) tile(A[k], sc[k], xv[k], dx[k]);
         } else {
-            for (int k = 0; k < nbw - kb; k++) {
-                const int b = kb0 + kb + k;
-                const uint2 xv = TT == 1 && FM_MK_LDS
-                                     ? ((const uint2 *)m.xs)[((b >> 1) * 4 + c) * 2 + (b & 1)]
-                                     : xw[(size_t)(kb + k) * XB];
-                tile(W[k * 32], S[k * 8], xv, xd(kb + k));
-            }
+            for (int k = 0; k < nbw - kb; k++)
+                tile(W[k * 32], S[k * 8], xw[(size_t)(kb + k) * XB], xd(kb + k));
         }
         /* the products have used the stage's loads: the slot is free for the copy engine */
         __syncwarp();
-        if (FM_MK_DEFER && lane == 0 && rg.defer && rg.cur.live) {
-            if (!rg.pend) rg.pend_s = rg.s;
-            rg.pend++;
-        } else if (lane == 0 && rg.cur.live) {
+        if (lane == 0 && rg.cur.live) {
             const long long c1 = FM_MK_PROFILE ? clock64() : 0;
             rg.issue(m, ns, rg.s);
             if (FM_MK_PROFILE) rg.issue_cy += clock64() - c1;
@@ -716,11 +573,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             mk_grid_sync(P.bar, target);
             mark(i + 1);
         };
-        auto pfp = [&](int i) {
-            if (FM_MK_L2PF == 1 && TT == 1 && P.pf[i] && (tid & 31) == 0) rg.prefetch(P.pf[i]);
-            if (FM_MK_L2PF == 2 && TT == 1 && P.pf[i]) rg.prefetch_lanes(P.pf[i]);
-        };
-        const bool att_blk = (int)blockIdx.x < att_units;
         auto product = [&](int k, auto mode, const q8_args &a) {
             mk_product<decltype(mode)::value, TT>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
             if (FM_MK_PROFILE && P.prof && (tid & 31) == 0) {
@@ -751,7 +603,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                 named_sync(MK_BAR_ALL, MK_THREADS); /* the products read it */
         };
         mark(0);
-        if (FM_MK_L2PF == 1) pfp(3);
         /* qkv */
         norm();
         /* A step's attention unit (one a block in the short form): the keys and values of its split but the
@@ -765,16 +616,9 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             cp_async_commit();
         }
         mark(1);
-        if (FM_MK_DEFER && TT == 1) rg.defer = P.defer;
         product(0, std::integral_constant<int, Q8_STORE>(),
                 mk_args(T, P.qkv, q_dim + 2 * n_kv * HD, NULL, 0, NULL, NULL));
-        rg.defer = 0;
-        auto dflush = [&](int at) {
-            if (FM_MK_DEFER && TT == 1 && P.defer == at && (tid & 31) == 0) rg.flush(m, P.ns);
-        };
         sync(2);
-        dflush(1);
-        if (FM_MK_L2PF != 2 || !(att_blk && warp < 4)) pfp(0);
         if (TT > 1) { /* the q/k norms and RoPE of every (token, head), a pair per group of 64 threads */
             const int NH = n_heads + 2 * n_kv, NG = MK_WARPS / 2;
             for (int it = blockIdx.x * NG + grp; it < T * NH; it += nblk * NG)
@@ -826,8 +670,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             }
             named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
         }
-        if (FM_MK_L2PF == 2 && att_blk && warp < 4) pfp(0);
-        dflush(2);
         sync(6);
         /* merge + quantise: a (head, token) per HD threads of the first Q8_THREADS */
         if (tid < Q8_THREADS) {
@@ -840,28 +682,23 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                                              mk_combine{{MK_BAR_MERGE + us, HD}});
         }
         sync(8);
-        dflush(3);
         /* wo, += x */
         mk_load_act<TT>(P.xq, P.xd, q_dim, m); /* its barrier: the merge's buffers are free for the weights */
         mk_norm_fetch(m, nws, L.ffn_norm, P.dim);
         mark(10);
         product(1, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, NULL, 0, NULL, NULL));
         sync(11);
-        if (FM_MK_L2PF != 2 || warp >= (int)Q8_WARPS) pfp(1);
         /* gate/up, SiLU * up quantised into xq / xd */
         norm();
         if (l + 1 < P.n_layers) mk_norm_fetch(m, nws, m.L[l + 1].attn_norm, P.dim);
         mark(13);
         product(2, std::integral_constant<int, Q8_GLU>(), mk_args(T, NULL, 0, NULL, 0, P.xq, P.xd));
-        if (FM_MK_L2PF == 2) pfp(2);
         sync(14);
-        if (FM_MK_L2PF == 1) pfp(2);
         /* down, += x (and the drafter's captured copy) */
         mk_load_act<TT>(P.xq, P.xd, P.ffn, m);
         mark(16);
         product(3, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, L.cap, P.ldcap, NULL, NULL));
         mark(17);
-        if (FM_MK_L2PF == 2) pfp(3);
         if (l + 1 < P.n_layers) /* the kernel's end orders the last layer's */
             mk_grid_sync(P.bar, target);
     }
@@ -996,9 +833,6 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     p.x = d->x, p.qkv = d->qkv, p.part = d->part, p.q = d->q, p.xq = d->xq, p.xd = d->xd;
     p.xqn = d->xqn, p.xdn = d->xdn;
     p.T = 1, p.ldcap = d->ldcap;
-    if (FM_MK_DEFER && getenv("FMC_MEGA_DEFER")) p.defer = atoi(getenv("FMC_MEGA_DEFER"));
-    if (FM_MK_L2PF && getenv("FMC_MEGA_PF"))
-        sscanf(getenv("FMC_MEGA_PF"), "%d,%d,%d,%d", &p.pf[0], &p.pf[1], &p.pf[2], &p.pf[3]);
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);
     for (int l = 0; l < d->n_layers; l++) {
