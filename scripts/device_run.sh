@@ -14,7 +14,8 @@
 # ab: variants alternated process by process (a shared machine drifts; compare within a call):
 #   AB_VARIANTS  variants, one a line, each a list of environment assignments ("-" for none) and at most one
 #                bin=NAME, which runs the carried .devdeps/bin/bench_cuda_NAME / test_cuda_parity_NAME (a
-#                build of another source: compile-time variants) instead of bench_cuda / test_cuda_parity, e.g.
+#                build of another source: compile-time variants, made on the workstation by
+#                scripts/cuda_variant.sh NAME "DEFINES") instead of bench_cuda / test_cuda_parity, e.g.
 #                AB_VARIANTS=$'-\nFMC_Q8_PER_SM=3\nbin=new'
 #   AB_ROUNDS    rounds over the variants (default 3)
 #   AB_RUN       quick (default: FM_BENCH_QUICK=1, the plain step), target (FM_BENCH_TARGET_ONLY=1: kernels
@@ -65,6 +66,7 @@ if [ -x "$DEPS/bin/bench_cuda" ] && "$DEPS/bin/test_cuda_parity" 2>&1 | grep -q 
   mkdir -p "$B"; cp "$DEPS"/bin/* "$B/"; echo "using the carried binaries"
 else
   build 2>&1 | tail -30 | tee "$OUT/build.log"
+  cp "$DEPS"/bin/bench_cuda_* "$DEPS"/bin/test_cuda_parity_* "$B/" 2>/dev/null # ab's bin=NAME variants
 fi
 [ -x "$B/bench_cuda" ] || { echo "build failed"; exit 1; }
 echo "build done in $(( $(date +%s) - t0 )) s"
