@@ -48,6 +48,19 @@
 #ifndef FM_MK_NOCOPY
 #define FM_MK_NOCOPY 0
 #endif
+/* EXPERIMENT (thirty-fifth session, not measured): -DFM_MK_SWP=1: a one-token unit's full stages software-
+ * pipelined: a stage's refill issued right after its mma (its loads are then done), and its scale-and-adds
+ * after the next stage's wait, loads and mma, in the same order per sum (the same bits). */
+#ifndef FM_MK_SWP
+#define FM_MK_SWP 0
+#endif
+/* EXPERIMENT (thirty-fifth session, not measured): -DFM_MK_DEFER=1 with FMC_MEGA_DEFER=1 / 2 / 3: a step's
+ * qkv refills (its ~17 MB, issued as qkv takes its stages) held back and issued after qkv's grid barrier /
+ * the attention / the merge's barrier, so that the barrier's L2 round trips do not queue behind them (the
+ * rings are full through the attention anyway). A warp whose ring would run dry issues them at once. */
+#ifndef FM_MK_DEFER
+#define FM_MK_DEFER 0
+#endif
 
 namespace {
 
@@ -111,6 +124,9 @@ struct mk_params {
                                   then each block's SM */
     unsigned long long *prof;  /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue, stream, stage] */
     float eps;
+#if FM_MK_DEFER
+    int defer; /* FMC_MEGA_DEFER */
+#endif
 };
 
 /* The device code below uses sm_90's copy engine and mbarriers; the portable PTX pass (compute_80) compiles
@@ -283,6 +299,23 @@ struct mk_ring {
     mk_plan pl;
     long long wait_cy, issue_cy; /* FM_MK_PROFILE: lane 0's cycles in mk_wait and in issue */
     long long stream_cy, nst;    /* FM_MK_PROFILE: lane 0's cycles in mk_stream_unit, and its stages */
+#if FM_MK_DEFER
+    int defer, pend, pend_s; /* lane 0's refills held back, from ring slot pend_s */
+    __device__ __forceinline__ void flush(const mk_smem &m, int ns) {
+        for (int i = 0; i < pend && cur.live; i++) issue(m, ns, (pend_s + i) % ns);
+        pend = 0;
+    }
+    /* a refill of slot `at`, or held back */
+    __device__ __forceinline__ void refill(const mk_smem &m, int ns, int at) {
+        if (!defer) return issue(m, ns, at);
+        if (!pend) pend_s = at;
+        pend++;
+    }
+#else
+    __device__ __forceinline__ void refill(const mk_smem &m, int ns, int at) {
+        issue(m, ns, at);
+    }
+#endif
     /* the cursor's stage into ring slot `at` of the warp's ring */
     __device__ __forceinline__ void issue(const mk_smem &m, int ns, int at) {
         const int warp = threadIdx.x >> 5;
@@ -415,7 +448,54 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         else
             q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), dx);
     };
-    for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
+    int kb = 0;
+#if FM_MK_SWP
+    if (TT == 1 && nbw >= MK_STAGE_TILES) {
+        int d[MK_STAGE_TILES][4];
+        uint32_t scp[MK_STAGE_TILES];
+        float dxp[MK_STAGE_TILES];
+        bool have = false;
+        for (; nbw - kb >= MK_STAGE_TILES; kb += MK_STAGE_TILES) {
+#if FM_MK_DEFER
+            if (lane == 0 && rg.pend == ns) rg.flush(m, ns); /* the next stage is one held back */
+#endif
+            const size_t st = (size_t)warp * ns + rg.s;
+            mk_wait(m.full + st, rg.ph);
+            const int4 *W = (const int4 *)(m.ring_w + st * MK_STAGE_W) + lane;
+            const uint32_t *S = (const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g;
+            int4 A[MK_STAGE_TILES];
+            uint32_t sc[MK_STAGE_TILES];
+            uint2 xv[MK_STAGE_TILES];
+            float dx[MK_STAGE_TILES];
+#pragma unroll
+            for (int k = 0; k < MK_STAGE_TILES; k++)
+                A[k] = W[k * 32], sc[k] = S[k * 8], xv[k] = xw[(size_t)(kb + k) * XB], dx[k] = dw[kb + k];
+            int dn[MK_STAGE_TILES][4];
+#pragma unroll
+            for (int k = 0; k < MK_STAGE_TILES; k++) mma_s8(dn[k], A[k], xv[k].x, xv[k].y);
+            /* the mma have read the stage's loads: the slot is free for the copy engine */
+            __syncwarp();
+            if (lane == 0 && rg.cur.live) rg.refill(m, ns, rg.s);
+            if (++rg.s == ns) rg.s = 0, rg.ph ^= 1;
+            if (have)
+#pragma unroll
+                for (int k = 0; k < MK_STAGE_TILES; k++) q8_scale_add_t0(acc, d[k], scp[k], dxp[k]);
+#pragma unroll
+            for (int k = 0; k < MK_STAGE_TILES; k++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) d[k][j] = dn[k][j];
+                scp[k] = sc[k], dxp[k] = dx[k];
+            }
+            have = true;
+        }
+#pragma unroll
+        for (int k = 0; k < MK_STAGE_TILES; k++) q8_scale_add_t0(acc, d[k], scp[k], dxp[k]);
+    }
+#endif
+    for (; kb < nbw; kb += MK_STAGE_TILES) {
+#if FM_MK_DEFER
+        if (lane == 0 && rg.pend == ns) rg.flush(m, ns); /* the next stage is one held back */
+#endif
         const size_t st = (size_t)warp * ns + rg.s;
         const long long c0 = FM_MK_PROFILE ? clock64() : 0;
         mk_wait(m.full + st, rg.ph);
@@ -440,7 +520,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         __syncwarp();
         if (lane == 0 && rg.cur.live) {
             const long long c1 = FM_MK_PROFILE ? clock64() : 0;
-            rg.issue(m, ns, rg.s);
+            rg.refill(m, ns, rg.s);
             if (FM_MK_PROFILE) rg.issue_cy += clock64() - c1;
         }
         if (++rg.s == ns) rg.s = 0, rg.ph ^= 1;
@@ -616,9 +696,21 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             cp_async_commit();
         }
         mark(1);
+#if FM_MK_DEFER
+        rg.defer = TT == 1 && P.defer;
+        auto dflush = [&](int at) {
+            if (TT == 1 && P.defer == at && (tid & 31) == 0) rg.flush(m, P.ns);
+        };
+#else
+        auto dflush = [](int) {};
+#endif
         product(0, std::integral_constant<int, Q8_STORE>(),
                 mk_args(T, P.qkv, q_dim + 2 * n_kv * HD, NULL, 0, NULL, NULL));
+#if FM_MK_DEFER
+        rg.defer = 0;
+#endif
         sync(2);
+        dflush(1);
         if (TT > 1) { /* the q/k norms and RoPE of every (token, head), a pair per group of 64 threads */
             const int NH = n_heads + 2 * n_kv, NG = MK_WARPS / 2;
             for (int it = blockIdx.x * NG + grp; it < T * NH; it += nblk * NG)
@@ -670,6 +762,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             }
             named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
         }
+        dflush(2);
         sync(6);
         /* merge + quantise: a (head, token) per HD threads of the first Q8_THREADS */
         if (tid < Q8_THREADS) {
@@ -682,6 +775,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                                              mk_combine{{MK_BAR_MERGE + us, HD}});
         }
         sync(8);
+        dflush(3);
         /* wo, += x */
         mk_load_act<TT>(P.xq, P.xd, q_dim, m); /* its barrier: the merge's buffers are free for the weights */
         mk_norm_fetch(m, nws, L.ffn_norm, P.dim);
@@ -833,6 +927,9 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     p.x = d->x, p.qkv = d->qkv, p.part = d->part, p.q = d->q, p.xq = d->xq, p.xd = d->xd;
     p.xqn = d->xqn, p.xdn = d->xdn;
     p.T = 1, p.ldcap = d->ldcap;
+#if FM_MK_DEFER
+    p.defer = getenv("FMC_MEGA_DEFER") ? atoi(getenv("FMC_MEGA_DEFER")) : 0;
+#endif
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);
     for (int l = 0; l < d->n_layers; l++) {
