@@ -17,7 +17,6 @@ case $name in *[!A-Za-z0-9_]*|"") echo "cuda_variant: NAME must be letters, digi
 [ -f "$file" ] || { echo "cuda_variant: no such file: $file" >&2; exit 2; }
 
 cmake -S "$root" -B "$build" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
-cmake --build "$build" -j"$(nproc)" --target bench_cuda test_cuda_parity >/dev/null
 # CMake's command for FILE, with the defines after the compiler's name
 cmd=$(python3 - "$build/compile_commands.json" "$file" "$defines" <<'EOF'
 import json, shlex, sys
@@ -31,6 +30,7 @@ else:
     sys.exit("cuda_variant: " + path + " is not in the build's compile commands (is CUDA on?)")
 EOF
 )
+cmake --build "$build" -j"$(nproc)" --target bench_cuda test_cuda_parity >/dev/null # the rest up to date
 bash -c "$cmd"
 cmake --build "$build" -j"$(nproc)" --target bench_cuda test_cuda_parity >/dev/null
 mkdir -p "$root/.devdeps/bin"
