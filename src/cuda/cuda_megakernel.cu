@@ -50,7 +50,8 @@
 #endif
 /* EXPERIMENT (thirty-fifth session, not measured): -DFM_MK_SWP=1: a one-token unit's full stages software-
  * pipelined: a stage's refill issued right after its mma (its loads are then done), and its scale-and-adds
- * after the next stage's wait, loads and mma, in the same order per sum (the same bits). */
+ * after the next stage's wait, loads and mma, in the same order per sum (the same bits; FM_MK_PROFILE does
+ * not count these stages). */
 #ifndef FM_MK_SWP
 #define FM_MK_SWP 0
 #endif
