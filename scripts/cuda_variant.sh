@@ -31,9 +31,9 @@ else:
 EOF
 )
 cmake --build "$build" -j"$(nproc)" --target bench_cuda test_cuda_parity >/dev/null # the rest up to date
+trap 'touch "$file"' EXIT # whatever happens next, the next build compiles the default object again
 bash -c "$cmd"
 cmake --build "$build" -j"$(nproc)" --target bench_cuda test_cuda_parity >/dev/null
 mkdir -p "$root/.devdeps/bin"
 for t in bench_cuda test_cuda_parity; do strip -o "$root/.devdeps/bin/${t}_$name" "$build/$t"; done
-touch "$file" # the next build compiles the default object again
 echo "cuda_variant: .devdeps/bin/bench_cuda_$name, test_cuda_parity_$name (${defines:-no defines})"
