@@ -58,7 +58,9 @@
 /* EXPERIMENT (thirty-fifth session, not measured): -DFM_MK_DEFER=1 with FMC_MEGA_DEFER=1 / 2 / 3: a step's
  * qkv refills (its ~17 MB, issued as qkv takes its stages) held back and issued after qkv's grid barrier /
  * the attention / the merge's barrier, so that the barrier's L2 round trips do not queue behind them (the
- * rings are full through the attention anyway). A warp whose ring would run dry issues them at once. */
+ * rings are full through the attention anyway). A warp whose ring would run dry issues them at once.
+ * FMC_MEGA_DEFER=4 (thirty-sixth session): every product's refills that fetch a later product's tiles held
+ * back until the product's own grid barrier has passed. */
 #ifndef FM_MK_DEFER
 #define FM_MK_DEFER 0
 #endif
@@ -307,8 +309,9 @@ struct mk_ring {
         pend = 0;
     }
     /* a refill of slot `at`, or held back */
+    int ck; /* FMC_MEGA_DEFER=4: the product being consumed, 4 l + k */
     __device__ __forceinline__ void refill(const mk_smem &m, int ns, int at) {
-        if (!defer) return issue(m, ns, at);
+        if (!defer || (defer == 4 && !pend && cur.l * 4 + cur.k == ck)) return issue(m, ns, at);
         if (!pend) pend_s = at;
         pend++;
     }
@@ -655,6 +658,9 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
             mark(i + 1);
         };
         auto product = [&](int k, auto mode, const q8_args &a) {
+#if FM_MK_DEFER
+            rg.ck = l * 4 + k;
+#endif
             mk_product<decltype(mode)::value, TT>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
             if (FM_MK_PROFILE && P.prof && (tid & 31) == 0) {
                 unsigned long long *d = P.prof + ((size_t)blockIdx.x * P.n_layers + l) * MK_PROF + k * 4;
@@ -698,9 +704,9 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         }
         mark(1);
 #if FM_MK_DEFER
-        rg.defer = TT == 1 && P.defer;
+        rg.defer = TT == 1 ? P.defer : 0;
         auto dflush = [&](int at) {
-            if (TT == 1 && P.defer == at && (tid & 31) == 0) rg.flush(m, P.ns);
+            if (TT == 1 && (P.defer == at || (P.defer == 4 && at >= 4)) && (tid & 31) == 0) rg.flush(m, P.ns);
         };
 #else
         auto dflush = [](int) {};
@@ -708,10 +714,11 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         product(0, std::integral_constant<int, Q8_STORE>(),
                 mk_args(T, P.qkv, q_dim + 2 * n_kv * HD, NULL, 0, NULL, NULL));
 #if FM_MK_DEFER
-        rg.defer = 0;
+        if (P.defer != 4) rg.defer = 0;
 #endif
         sync(2);
         dflush(1);
+        dflush(4);
         if (TT > 1) { /* the q/k norms and RoPE of every (token, head), a pair per group of 64 threads */
             const int NH = n_heads + 2 * n_kv, NG = MK_WARPS / 2;
             for (int it = blockIdx.x * NG + grp; it < T * NH; it += nblk * NG)
@@ -783,19 +790,23 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         mark(10);
         product(1, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, NULL, 0, NULL, NULL));
         sync(11);
+        dflush(4);
         /* gate/up, SiLU * up quantised into xq / xd */
         norm();
         if (l + 1 < P.n_layers) mk_norm_fetch(m, nws, m.L[l + 1].attn_norm, P.dim);
         mark(13);
         product(2, std::integral_constant<int, Q8_GLU>(), mk_args(T, NULL, 0, NULL, 0, P.xq, P.xd));
         sync(14);
+        dflush(4);
         /* down, += x (and the drafter's captured copy) */
         mk_load_act<TT>(P.xq, P.xd, P.ffn, m);
         mark(16);
         product(3, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, L.cap, P.ldcap, NULL, NULL));
         mark(17);
-        if (l + 1 < P.n_layers) /* the kernel's end orders the last layer's */
+        if (l + 1 < P.n_layers) { /* the kernel's end orders the last layer's */
             mk_grid_sync(P.bar, target);
+            dflush(4);
+        }
     }
 #else
     __trap(); /* fmc_mk_create refuses devices below sm_90 */
