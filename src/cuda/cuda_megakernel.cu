@@ -64,6 +64,14 @@
 #ifndef FM_MK_DEFER
 #define FM_MK_DEFER 0
 #endif
+/* EXPERIMENT (thirty-sixth session): -DFM_MK_L2W=1 with FMC_MEGA_L2W=A: a 13th warp, doing nothing else,
+ * keeps each compute warp's next A stages past its ring's copies in L2 (a bulk prefetch a stage), so that
+ * the HBM, idle while the rings are full (norms, attention, barriers), fills L2 ahead of the products.
+ * Earlier prefetches were issued by the compute warps, whom a prefetch blocks about as long as its bytes
+ * take. */
+#ifndef FM_MK_L2W
+#define FM_MK_L2W 0
+#endif
 
 namespace {
 
@@ -75,16 +83,17 @@ namespace {
 #define FM_MK_WARPS 12
 #endif
 enum {
-    MK_WARPS = FM_MK_WARPS,                    /* each streams its own ring of weight tiles and computes */
-    MK_THREADS = MK_WARPS * 32,                /* >= Q8_THREADS: the quantiser's thread count */
-    MK_SLOTS = MK_WARPS / 4,                   /* group slots of a product */
-    MK_STAGE_TILES = 4,                        /* weight tiles of a ring stage */
-    MK_STAGE_W = MK_STAGE_TILES * 512,         /* their quants */
-    MK_STAGE_S = MK_STAGE_TILES * 32,          /* their scale pairs */
-    MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
-    MK_CH = 16,                                /* splits the merge folds a chunk (two buffers: 16.6 KB) */
-    MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile_kw) */
-    MK_TRACE = 18,                             /* phase boundaries a layer (fmc_mk_trace) */
+    MK_WARPS = FM_MK_WARPS,     /* each streams its own ring of weight tiles and computes */
+    MK_THREADS = MK_WARPS * 32, /* >= Q8_THREADS: the quantiser's thread count */
+    MK_LAUNCH = MK_THREADS + (FM_MK_L2W ? 32 : 0), /* the block, with FM_MK_L2W's prefetch warp */
+    MK_SLOTS = MK_WARPS / 4,                       /* group slots of a product */
+    MK_STAGE_TILES = 4,                            /* weight tiles of a ring stage */
+    MK_STAGE_W = MK_STAGE_TILES * 512,             /* their quants */
+    MK_STAGE_S = MK_STAGE_TILES * 32,              /* their scale pairs */
+    MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32,     /* [round parity][group slot][warp][4][32] */
+    MK_CH = 16,                                    /* splits the merge folds a chunk (two buffers: 16.6 KB) */
+    MK_QR = 16,                                    /* query rows of an attention unit (attn_split_tile_kw) */
+    MK_TRACE = 18,                                 /* phase boundaries a layer (fmc_mk_trace) */
     MK_PROF = 16, /* FM_MK_PROFILE's counts a layer: 4 products x [wait, issue, stream, stages] */
 };
 static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 12, "8 or 12 warps a block");
@@ -129,6 +138,9 @@ struct mk_params {
     float eps;
 #if FM_MK_DEFER
     int defer; /* FMC_MEGA_DEFER */
+#endif
+#if FM_MK_L2W
+    int l2w; /* FMC_MEGA_L2W */
 #endif
 };
 
@@ -253,6 +265,9 @@ template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *bas
     return m;
 }
 
+#if FM_MK_L2W
+__shared__ volatile int mk_issued[MK_WARPS]; /* the stages each warp's ring has issued */
+#endif
 /* Where warp (slot, r) is in its sequence of stages: unit r of the slot's groups (every MK_SLOTS-th group
  * of the block's run) of each product of each layer, 4 tiles a stage. */
 struct mk_cursor {
@@ -325,6 +340,9 @@ struct mk_ring {
         const int warp = threadIdx.x >> 5;
         const unsigned n = cur.tiles();
         uint64_t *b = m.full + warp * ns + at;
+#if FM_MK_L2W
+        mk_issued[warp]++; /* FM_MK_L2W's prefetch warp reads how far the ring's copies are */
+#endif
         if (FM_MK_NOCOPY) {
             mb_arrive(b);
             cur.advance(pl);
@@ -596,6 +614,35 @@ __device__ __forceinline__ q8_args mk_args(int T, float *y, int ldy, float *y2, 
     return a;
 }
 
+#if FM_MK_L2W
+/* FM_MK_L2W's prefetch warp: lane w walks warp w's sequence of stages (its own cursor) and keeps the A stages
+ * past what warp w's ring has issued in L2. It returns once every cursor is past the end. */
+__device__ void mk_l2_warp(const mk_plan &pl, int A) {
+    const int lane = threadIdx.x & 31;
+    mk_cursor c;
+    c.live = false;
+    if (lane < MK_WARPS) c.start(pl, lane >> 2, lane & 3);
+    int at = 0; /* stages of c's walk so far */
+    const unsigned long long t0 = global_ns();
+    while (__any_sync(~0u, c.live) && A > 0) {
+        const int iss = lane < MK_WARPS ? mk_issued[lane] : 0;
+        for (; c.live && at < iss; at++) c.advance(pl); /* the ring has copied these */
+        for (; c.live && at < iss + A; at++) {
+            const unsigned n = c.tiles();
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c.qs + (size_t)c.kb * 32),
+                         "r"(n * 512)
+                         : "memory");
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c.sc + (size_t)c.kb * 8),
+                         "r"(n * 32)
+                         : "memory");
+            c.advance(pl);
+        }
+        __nanosleep(256);
+        if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
+    }
+}
+#endif
+
 #endif
 
 /* TT: the most tokens a launch takes (P.T <= TT): 1 for steps, 8 for verify blocks. With more than one, the
@@ -605,7 +652,7 @@ __device__ __forceinline__ q8_args mk_args(int T, float *y, int ldy, float *y2, 
  * them), an attention unit's two 16-row tiles (4 tokens x G heads each) run on warps 0..3 and 4..7, and
  * the merge takes (head, token) pairs. */
 template <int HD, int TT>
-__global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_constant__ mk_params P) {
+__global__ void __launch_bounds__(MK_LAUNCH, 1) k_megakernel(const __grid_constant__ mk_params P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     static_assert(TT == 1 || TT == 8, "steps or verify blocks of up to 8 tokens");
     constexpr int QR = TT == 1 ? MK_QR : 2 * MK_QR; /* an attention unit's query rows */
@@ -613,8 +660,11 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     const mk_smem m = mk_carve<TT>(smem, P);
     const int tid = threadIdx.x, warp = tid >> 5, nblk = gridDim.x, T = TT == 1 ? 1 : P.T;
     /* the tables into shared memory */
-    for (int i = tid; i < P.n_layers * (int)sizeof(mk_layer) / 4; i += MK_THREADS)
+    for (int i = tid; i < P.n_layers * (int)sizeof(mk_layer) / 4; i += MK_LAUNCH)
         ((unsigned *)m.L)[i] = ((const unsigned *)P.L)[i];
+#if FM_MK_L2W
+    if (tid < MK_WARPS) mk_issued[tid] = 0;
+#endif
     if (tid < 4) m.gs[tid] = P.gstart[tid * nblk + blockIdx.x], m.gc[tid] = P.gcount[tid * nblk + blockIdx.x];
     if (P.trace && tid == 0) { /* the SM: SMs differ in speed, and a block lands on another between runs */
         unsigned sm;
@@ -627,6 +677,12 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+#if FM_MK_L2W
+    if (warp == MK_WARPS) { /* the prefetch warp (a step only) */
+        if (TT == 1) mk_l2_warp({m.L, m.gs, m.gc, P.n_layers}, P.l2w);
+        return;
+    }
+#endif
     const int n_heads = P.n_heads, n_kv = P.n_kv, q_dim = n_heads * HD;
     const int grp = warp >> 1, gtid = tid & 63, G = n_heads / n_kv;
     /* (KV head, split) units: the splits of the longest row */
@@ -926,7 +982,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
         return no("shared-memory limit refused");
     int per_sm = 0, sms = fmc_sm_count();
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MK_THREADS, smem) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MK_LAUNCH, smem) != cudaSuccess ||
         per_sm < 1)
         return no("the persistent block does not fit an SM");
 
@@ -941,6 +997,9 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     p.T = 1, p.ldcap = d->ldcap;
 #if FM_MK_DEFER
     p.defer = getenv("FMC_MEGA_DEFER") ? atoi(getenv("FMC_MEGA_DEFER")) : 0;
+#endif
+#if FM_MK_L2W
+    p.l2w = getenv("FMC_MEGA_L2W") ? atoi(getenv("FMC_MEGA_L2W")) : 6;
 #endif
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);
@@ -991,7 +1050,7 @@ void fmc_mk_launch(const fmc_mk *mk, int T, cudaStream_t s) {
     cudaMemsetAsync(mk->p.bar, 0, 4, s);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(mk->grid);
-    cfg.blockDim = dim3(MK_THREADS);
+    cfg.blockDim = dim3(MK_LAUNCH);
     cfg.dynamicSmemBytes = mk->smem;
     cfg.stream = s;
     cudaLaunchAttribute at[1];
