@@ -48,30 +48,6 @@
 #ifndef FM_MK_NOCOPY
 #define FM_MK_NOCOPY 0
 #endif
-/* EXPERIMENT (thirty-fifth session, not measured): -DFM_MK_SWP=1: a one-token unit's full stages software-
- * pipelined: a stage's refill issued right after its mma (its loads are then done), and its scale-and-adds
- * after the next stage's wait, loads and mma, in the same order per sum (the same bits; FM_MK_PROFILE does
- * not count these stages). */
-#ifndef FM_MK_SWP
-#define FM_MK_SWP 0
-#endif
-/* EXPERIMENT (thirty-fifth session, not measured): -DFM_MK_DEFER=1 with FMC_MEGA_DEFER=1 / 2 / 3: a step's
- * qkv refills (its ~17 MB, issued as qkv takes its stages) held back and issued after qkv's grid barrier /
- * the attention / the merge's barrier, so that the barrier's L2 round trips do not queue behind them (the
- * rings are full through the attention anyway). A warp whose ring would run dry issues them at once.
- * FMC_MEGA_DEFER=4 (thirty-sixth session): every product's refills that fetch a later product's tiles held
- * back until the product's own grid barrier has passed. */
-#ifndef FM_MK_DEFER
-#define FM_MK_DEFER 0
-#endif
-/* EXPERIMENT (thirty-sixth session): -DFM_MK_L2W=1 with FMC_MEGA_L2W=A: a 13th warp, doing nothing else,
- * keeps each compute warp's next A stages past its ring's copies in L2 (a bulk prefetch a stage), so that
- * the HBM, idle while the rings are full (norms, attention, barriers), fills L2 ahead of the products.
- * Earlier prefetches were issued by the compute warps, whom a prefetch blocks about as long as its bytes
- * take. */
-#ifndef FM_MK_L2W
-#define FM_MK_L2W 0
-#endif
 
 namespace {
 
@@ -83,17 +59,16 @@ namespace {
 #define FM_MK_WARPS 12
 #endif
 enum {
-    MK_WARPS = FM_MK_WARPS,     /* each streams its own ring of weight tiles and computes */
-    MK_THREADS = MK_WARPS * 32, /* >= Q8_THREADS: the quantiser's thread count */
-    MK_LAUNCH = MK_THREADS + (FM_MK_L2W ? 32 : 0), /* the block, with FM_MK_L2W's prefetch warp */
-    MK_SLOTS = MK_WARPS / 4,                       /* group slots of a product */
-    MK_STAGE_TILES = 4,                            /* weight tiles of a ring stage */
-    MK_STAGE_W = MK_STAGE_TILES * 512,             /* their quants */
-    MK_STAGE_S = MK_STAGE_TILES * 32,              /* their scale pairs */
-    MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32,     /* [round parity][group slot][warp][4][32] */
-    MK_CH = 16,                                    /* splits the merge folds a chunk (two buffers: 16.6 KB) */
-    MK_QR = 16,                                    /* query rows of an attention unit (attn_split_tile_kw) */
-    MK_TRACE = 18,                                 /* phase boundaries a layer (fmc_mk_trace) */
+    MK_WARPS = FM_MK_WARPS,                    /* each streams its own ring of weight tiles and computes */
+    MK_THREADS = MK_WARPS * 32,                /* >= Q8_THREADS: the quantiser's thread count */
+    MK_SLOTS = MK_WARPS / 4,                   /* group slots of a product */
+    MK_STAGE_TILES = 4,                        /* weight tiles of a ring stage */
+    MK_STAGE_W = MK_STAGE_TILES * 512,         /* their quants */
+    MK_STAGE_S = MK_STAGE_TILES * 32,          /* their scale pairs */
+    MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
+    MK_CH = 16,                                /* splits the merge folds a chunk (two buffers: 16.6 KB) */
+    MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile_kw) */
+    MK_TRACE = 18,                             /* phase boundaries a layer (fmc_mk_trace) */
     MK_PROF = 16, /* FM_MK_PROFILE's counts a layer: 4 products x [wait, issue, stream, stages] */
 };
 static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 12, "8 or 12 warps a block");
@@ -136,12 +111,6 @@ struct mk_params {
                                   then each block's SM */
     unsigned long long *prof;  /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue, stream, stage] */
     float eps;
-#if FM_MK_DEFER
-    int defer; /* FMC_MEGA_DEFER */
-#endif
-#if FM_MK_L2W
-    int l2w; /* FMC_MEGA_L2W */
-#endif
 };
 
 /* The device code below uses sm_90's copy engine and mbarriers; the portable PTX pass (compute_80) compiles
@@ -265,9 +234,6 @@ template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *bas
     return m;
 }
 
-#if FM_MK_L2W
-__shared__ volatile int mk_issued[MK_WARPS]; /* the stages each warp's ring has issued */
-#endif
 /* Where warp (slot, r) is in its sequence of stages: unit r of the slot's groups (every MK_SLOTS-th group
  * of the block's run) of each product of each layer, 4 tiles a stage. */
 struct mk_cursor {
@@ -317,32 +283,11 @@ struct mk_ring {
     mk_plan pl;
     long long wait_cy, issue_cy; /* FM_MK_PROFILE: lane 0's cycles in mk_wait and in issue */
     long long stream_cy, nst;    /* FM_MK_PROFILE: lane 0's cycles in mk_stream_unit, and its stages */
-#if FM_MK_DEFER
-    int defer, pend, pend_s; /* lane 0's refills held back, from ring slot pend_s */
-    __device__ __forceinline__ void flush(const mk_smem &m, int ns) {
-        for (int i = 0; i < pend && cur.live; i++) issue(m, ns, (pend_s + i) % ns);
-        pend = 0;
-    }
-    /* a refill of slot `at`, or held back */
-    int ck; /* FMC_MEGA_DEFER=4: the product being consumed, 4 l + k */
-    __device__ __forceinline__ void refill(const mk_smem &m, int ns, int at) {
-        if (!defer || (defer == 4 && !pend && cur.l * 4 + cur.k == ck)) return issue(m, ns, at);
-        if (!pend) pend_s = at;
-        pend++;
-    }
-#else
-    __device__ __forceinline__ void refill(const mk_smem &m, int ns, int at) {
-        issue(m, ns, at);
-    }
-#endif
     /* the cursor's stage into ring slot `at` of the warp's ring */
     __device__ __forceinline__ void issue(const mk_smem &m, int ns, int at) {
         const int warp = threadIdx.x >> 5;
         const unsigned n = cur.tiles();
         uint64_t *b = m.full + warp * ns + at;
-#if FM_MK_L2W
-        mk_issued[warp]++; /* FM_MK_L2W's prefetch warp reads how far the ring's copies are */
-#endif
         if (FM_MK_NOCOPY) {
             mb_arrive(b);
             cur.advance(pl);
@@ -470,54 +415,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         else
             q8_scale_add<4>(acc, d, half_lo(sc), half_hi(sc), dx);
     };
-    int kb = 0;
-#if FM_MK_SWP
-    if (TT == 1 && nbw >= MK_STAGE_TILES) {
-        int d[MK_STAGE_TILES][4];
-        uint32_t scp[MK_STAGE_TILES];
-        float dxp[MK_STAGE_TILES];
-        bool have = false;
-        for (; nbw - kb >= MK_STAGE_TILES; kb += MK_STAGE_TILES) {
-#if FM_MK_DEFER
-            if (lane == 0 && rg.pend == ns) rg.flush(m, ns); /* the next stage is one held back */
-#endif
-            const size_t st = (size_t)warp * ns + rg.s;
-            mk_wait(m.full + st, rg.ph);
-            const int4 *W = (const int4 *)(m.ring_w + st * MK_STAGE_W) + lane;
-            const uint32_t *S = (const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g;
-            int4 A[MK_STAGE_TILES];
-            uint32_t sc[MK_STAGE_TILES];
-            uint2 xv[MK_STAGE_TILES];
-            float dx[MK_STAGE_TILES];
-#pragma unroll
-            for (int k = 0; k < MK_STAGE_TILES; k++)
-                A[k] = W[k * 32], sc[k] = S[k * 8], xv[k] = xw[(size_t)(kb + k) * XB], dx[k] = dw[kb + k];
-            int dn[MK_STAGE_TILES][4];
-#pragma unroll
-            for (int k = 0; k < MK_STAGE_TILES; k++) mma_s8(dn[k], A[k], xv[k].x, xv[k].y);
-            /* the mma have read the stage's loads: the slot is free for the copy engine */
-            __syncwarp();
-            if (lane == 0 && rg.cur.live) rg.refill(m, ns, rg.s);
-            if (++rg.s == ns) rg.s = 0, rg.ph ^= 1;
-            if (have)
-#pragma unroll
-                for (int k = 0; k < MK_STAGE_TILES; k++) q8_scale_add_t0(acc, d[k], scp[k], dxp[k]);
-#pragma unroll
-            for (int k = 0; k < MK_STAGE_TILES; k++) {
-#pragma unroll
-                for (int j = 0; j < 4; j++) d[k][j] = dn[k][j];
-                scp[k] = sc[k], dxp[k] = dx[k];
-            }
-            have = true;
-        }
-#pragma unroll
-        for (int k = 0; k < MK_STAGE_TILES; k++) q8_scale_add_t0(acc, d[k], scp[k], dxp[k]);
-    }
-#endif
-    for (; kb < nbw; kb += MK_STAGE_TILES) {
-#if FM_MK_DEFER
-        if (lane == 0 && rg.pend == ns) rg.flush(m, ns); /* the next stage is one held back */
-#endif
+    for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
         const size_t st = (size_t)warp * ns + rg.s;
         const long long c0 = FM_MK_PROFILE ? clock64() : 0;
         mk_wait(m.full + st, rg.ph);
@@ -542,7 +440,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         __syncwarp();
         if (lane == 0 && rg.cur.live) {
             const long long c1 = FM_MK_PROFILE ? clock64() : 0;
-            rg.refill(m, ns, rg.s);
+            rg.issue(m, ns, rg.s);
             if (FM_MK_PROFILE) rg.issue_cy += clock64() - c1;
         }
         if (++rg.s == ns) rg.s = 0, rg.ph ^= 1;
@@ -614,35 +512,6 @@ __device__ __forceinline__ q8_args mk_args(int T, float *y, int ldy, float *y2, 
     return a;
 }
 
-#if FM_MK_L2W
-/* FM_MK_L2W's prefetch warp: lane w walks warp w's sequence of stages (its own cursor) and keeps the A stages
- * past what warp w's ring has issued in L2. It returns once every cursor is past the end. */
-__device__ void mk_l2_warp(const mk_plan &pl, int A) {
-    const int lane = threadIdx.x & 31;
-    mk_cursor c;
-    c.live = false;
-    if (lane < MK_WARPS) c.start(pl, lane >> 2, lane & 3);
-    int at = 0; /* stages of c's walk so far */
-    const unsigned long long t0 = global_ns();
-    while (__any_sync(~0u, c.live) && A > 0) {
-        const int iss = lane < MK_WARPS ? mk_issued[lane] : 0;
-        for (; c.live && at < iss; at++) c.advance(pl); /* the ring has copied these */
-        for (; c.live && at < iss + A; at++) {
-            const unsigned n = c.tiles();
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c.qs + (size_t)c.kb * 32),
-                         "r"(n * 512)
-                         : "memory");
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c.sc + (size_t)c.kb * 8),
-                         "r"(n * 32)
-                         : "memory");
-            c.advance(pl);
-        }
-        __nanosleep(256);
-        if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
-    }
-}
-#endif
-
 #endif
 
 /* TT: the most tokens a launch takes (P.T <= TT): 1 for steps, 8 for verify blocks. With more than one, the
@@ -652,7 +521,7 @@ __device__ void mk_l2_warp(const mk_plan &pl, int A) {
  * them), an attention unit's two 16-row tiles (4 tokens x G heads each) run on warps 0..3 and 4..7, and
  * the merge takes (head, token) pairs. */
 template <int HD, int TT>
-__global__ void __launch_bounds__(MK_LAUNCH, 1) k_megakernel(const __grid_constant__ mk_params P) {
+__global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_constant__ mk_params P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     static_assert(TT == 1 || TT == 8, "steps or verify blocks of up to 8 tokens");
     constexpr int QR = TT == 1 ? MK_QR : 2 * MK_QR; /* an attention unit's query rows */
@@ -660,11 +529,8 @@ __global__ void __launch_bounds__(MK_LAUNCH, 1) k_megakernel(const __grid_consta
     const mk_smem m = mk_carve<TT>(smem, P);
     const int tid = threadIdx.x, warp = tid >> 5, nblk = gridDim.x, T = TT == 1 ? 1 : P.T;
     /* the tables into shared memory */
-    for (int i = tid; i < P.n_layers * (int)sizeof(mk_layer) / 4; i += MK_LAUNCH)
+    for (int i = tid; i < P.n_layers * (int)sizeof(mk_layer) / 4; i += MK_THREADS)
         ((unsigned *)m.L)[i] = ((const unsigned *)P.L)[i];
-#if FM_MK_L2W
-    if (tid < MK_WARPS) mk_issued[tid] = 0;
-#endif
     if (tid < 4) m.gs[tid] = P.gstart[tid * nblk + blockIdx.x], m.gc[tid] = P.gcount[tid * nblk + blockIdx.x];
     if (P.trace && tid == 0) { /* the SM: SMs differ in speed, and a block lands on another between runs */
         unsigned sm;
@@ -677,12 +543,6 @@ __global__ void __launch_bounds__(MK_LAUNCH, 1) k_megakernel(const __grid_consta
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-#if FM_MK_L2W
-    if (warp == MK_WARPS) { /* the prefetch warp (a step only) */
-        if (TT == 1) mk_l2_warp({m.L, m.gs, m.gc, P.n_layers}, P.l2w);
-        return;
-    }
-#endif
     const int n_heads = P.n_heads, n_kv = P.n_kv, q_dim = n_heads * HD;
     const int grp = warp >> 1, gtid = tid & 63, G = n_heads / n_kv;
     /* (KV head, split) units: the splits of the longest row */
@@ -714,9 +574,6 @@ __global__ void __launch_bounds__(MK_LAUNCH, 1) k_megakernel(const __grid_consta
             mark(i + 1);
         };
         auto product = [&](int k, auto mode, const q8_args &a) {
-#if FM_MK_DEFER
-            rg.ck = l * 4 + k;
-#endif
             mk_product<decltype(mode)::value, TT>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
             if (FM_MK_PROFILE && P.prof && (tid & 31) == 0) {
                 unsigned long long *d = P.prof + ((size_t)blockIdx.x * P.n_layers + l) * MK_PROF + k * 4;
@@ -759,22 +616,9 @@ __global__ void __launch_bounds__(MK_LAUNCH, 1) k_megakernel(const __grid_consta
             cp_async_commit();
         }
         mark(1);
-#if FM_MK_DEFER
-        rg.defer = TT == 1 ? P.defer : 0;
-        auto dflush = [&](int at) {
-            if (TT == 1 && (P.defer == at || (P.defer == 4 && at >= 4)) && (tid & 31) == 0) rg.flush(m, P.ns);
-        };
-#else
-        auto dflush = [](int) {};
-#endif
         product(0, std::integral_constant<int, Q8_STORE>(),
                 mk_args(T, P.qkv, q_dim + 2 * n_kv * HD, NULL, 0, NULL, NULL));
-#if FM_MK_DEFER
-        if (P.defer != 4) rg.defer = 0;
-#endif
         sync(2);
-        dflush(1);
-        dflush(4);
         if (TT > 1) { /* the q/k norms and RoPE of every (token, head), a pair per group of 64 threads */
             const int NH = n_heads + 2 * n_kv, NG = MK_WARPS / 2;
             for (int it = blockIdx.x * NG + grp; it < T * NH; it += nblk * NG)
@@ -826,7 +670,6 @@ __global__ void __launch_bounds__(MK_LAUNCH, 1) k_megakernel(const __grid_consta
             }
             named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
         }
-        dflush(2);
         sync(6);
         /* merge + quantise: a (head, token) per HD threads of the first Q8_THREADS */
         if (tid < Q8_THREADS) {
@@ -839,30 +682,25 @@ __global__ void __launch_bounds__(MK_LAUNCH, 1) k_megakernel(const __grid_consta
                                              mk_combine{{MK_BAR_MERGE + us, HD}});
         }
         sync(8);
-        dflush(3);
         /* wo, += x */
         mk_load_act<TT>(P.xq, P.xd, q_dim, m); /* its barrier: the merge's buffers are free for the weights */
         mk_norm_fetch(m, nws, L.ffn_norm, P.dim);
         mark(10);
         product(1, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, NULL, 0, NULL, NULL));
         sync(11);
-        dflush(4);
         /* gate/up, SiLU * up quantised into xq / xd */
         norm();
         if (l + 1 < P.n_layers) mk_norm_fetch(m, nws, m.L[l + 1].attn_norm, P.dim);
         mark(13);
         product(2, std::integral_constant<int, Q8_GLU>(), mk_args(T, NULL, 0, NULL, 0, P.xq, P.xd));
         sync(14);
-        dflush(4);
         /* down, += x (and the drafter's captured copy) */
         mk_load_act<TT>(P.xq, P.xd, P.ffn, m);
         mark(16);
         product(3, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, L.cap, P.ldcap, NULL, NULL));
         mark(17);
-        if (l + 1 < P.n_layers) { /* the kernel's end orders the last layer's */
+        if (l + 1 < P.n_layers) /* the kernel's end orders the last layer's */
             mk_grid_sync(P.bar, target);
-            dflush(4);
-        }
     }
 #else
     __trap(); /* fmc_mk_create refuses devices below sm_90 */
@@ -982,7 +820,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
         return no("shared-memory limit refused");
     int per_sm = 0, sms = fmc_sm_count();
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MK_LAUNCH, smem) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MK_THREADS, smem) != cudaSuccess ||
         per_sm < 1)
         return no("the persistent block does not fit an SM");
 
@@ -995,12 +833,6 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     p.x = d->x, p.qkv = d->qkv, p.part = d->part, p.q = d->q, p.xq = d->xq, p.xd = d->xd;
     p.xqn = d->xqn, p.xdn = d->xdn;
     p.T = 1, p.ldcap = d->ldcap;
-#if FM_MK_DEFER
-    p.defer = getenv("FMC_MEGA_DEFER") ? atoi(getenv("FMC_MEGA_DEFER")) : 0;
-#endif
-#if FM_MK_L2W
-    p.l2w = getenv("FMC_MEGA_L2W") ? atoi(getenv("FMC_MEGA_L2W")) : 6;
-#endif
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);
     for (int l = 0; l < d->n_layers; l++) {
@@ -1050,7 +882,7 @@ void fmc_mk_launch(const fmc_mk *mk, int T, cudaStream_t s) {
     cudaMemsetAsync(mk->p.bar, 0, 4, s);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(mk->grid);
-    cfg.blockDim = dim3(MK_LAUNCH);
+    cfg.blockDim = dim3(MK_THREADS);
     cfg.dynamicSmemBytes = mk->smem;
     cfg.stream = s;
     cudaLaunchAttribute at[1];
