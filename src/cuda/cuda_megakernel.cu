@@ -48,15 +48,6 @@
 #ifndef FM_MK_NOCOPY
 #define FM_MK_NOCOPY 0
 #endif
-/* EXPERIMENT (thirty-sixth session, not measured): -DFM_MK_PACE=1 with FMC_MEGA_PACE=F: a step's ring refills
- * paced, at most F stages a warp in flight (0: unpaced). A product's last stages free a whole ring at once,
- * and every L2 round trip of the phases after it (barriers, norms, loads) waited behind that burst (bench/
- * RESULTS.md, thirty-sixth session). Held refills go out as earlier stages land: from the stream loop, from
- * every warp's lane 0 while the grid barrier is awaited (thread 0 only polls), and at once when the warp
- * needs the stage. */
-#ifndef FM_MK_PACE
-#define FM_MK_PACE 0
-#endif
 
 namespace {
 
@@ -120,9 +111,6 @@ struct mk_params {
                                   then each block's SM */
     unsigned long long *prof;  /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue, stream, stage] */
     float eps;
-#if FM_MK_PACE
-    int pace; /* FMC_MEGA_PACE */
-#endif
 };
 
 /* The device code below uses sm_90's copy engine and mbarriers; the portable PTX pass (compute_80) compiles
@@ -148,20 +136,6 @@ __device__ __forceinline__ bool mb_try(uint64_t *b, unsigned parity) {
         : "memory");
     return ok != 0;
 }
-#if FM_MK_PACE
-/* Whether the mbarrier's phase of this parity has completed, without waiting. */
-__device__ __forceinline__ bool mb_test(uint64_t *b, unsigned parity) {
-    unsigned ok;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, "
-        "p;\n}"
-        : "=r"(ok)
-        : "r"(smem_addr(b)), "r"(parity)
-        : "memory");
-    return ok != 0;
-}
-__shared__ volatile unsigned mk_gen; /* the grid barrier's count that thread 0 has seen reached */
-#endif
 __device__ __forceinline__ void mk_wait(uint64_t *b, unsigned parity) {
     if (mb_try(b, parity)) return;
     const unsigned long long t0 = global_ns();
@@ -309,35 +283,11 @@ struct mk_ring {
     mk_plan pl;
     long long wait_cy, issue_cy; /* FM_MK_PROFILE: lane 0's cycles in mk_wait and in issue */
     long long stream_cy, nst;    /* FM_MK_PROFILE: lane 0's cycles in mk_stream_unit, and its stages */
-#if FM_MK_PACE
-    /* lane 0: stages issued, known landed and used (sequence numbers), refills held back, the budget */
-    int ni, nl, nc, pend, F;
-    __device__ __forceinline__ void issue_held(const mk_smem &m, int ns) {
-        if (cur.live) issue(m, ns, ni % ns);
-        pend--;
-    }
-    /* retire the stages that have landed, then issue held refills while fewer than F are in flight */
-    __device__ __forceinline__ void pump(const mk_smem &m, int ns) {
-        const int warp = threadIdx.x >> 5;
-        while (nl < ni && mb_test(m.full + warp * ns + nl % ns, (unsigned)(nl / ns) & 1)) nl++;
-        while (pend > 0 && ni - nl < F) issue_held(m, ns);
-    }
-    __device__ __forceinline__ void refill(const mk_smem &m, int ns) {
-        pend++;
-        if (F)
-            pump(m, ns);
-        else
-            issue_held(m, ns);
-    }
-#endif
     /* the cursor's stage into ring slot `at` of the warp's ring */
     __device__ __forceinline__ void issue(const mk_smem &m, int ns, int at) {
         const int warp = threadIdx.x >> 5;
         const unsigned n = cur.tiles();
         uint64_t *b = m.full + warp * ns + at;
-#if FM_MK_PACE
-        ni++;
-#endif
         if (FM_MK_NOCOPY) {
             mb_arrive(b);
             cur.advance(pl);
@@ -467,10 +417,6 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
     };
     for (int kb = 0; kb < nbw; kb += MK_STAGE_TILES) {
         const size_t st = (size_t)warp * ns + rg.s;
-#if FM_MK_PACE
-        if (lane == 0)
-            while (rg.ni <= rg.nc && rg.pend > 0) rg.issue_held(m, ns); /* this stage was held back */
-#endif
         const long long c0 = FM_MK_PROFILE ? clock64() : 0;
         mk_wait(m.full + st, rg.ph);
         if (FM_MK_PROFILE) rg.wait_cy += clock64() - c0;
@@ -492,49 +438,16 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         }
         /* the products have used the stage's loads: the slot is free for the copy engine */
         __syncwarp();
-#if FM_MK_PACE
-        if (lane == 0) {
-            rg.nc++;
-            if (rg.nl < rg.nc) rg.nl = rg.nc;
-            if (rg.cur.live) rg.refill(m, ns);
-        }
-#else
         if (lane == 0 && rg.cur.live) {
             const long long c1 = FM_MK_PROFILE ? clock64() : 0;
             rg.issue(m, ns, rg.s);
             if (FM_MK_PROFILE) rg.issue_cy += clock64() - c1;
         }
-#endif
         if (++rg.s == ns) rg.s = 0, rg.ph ^= 1;
         if (FM_MK_PROFILE) rg.nst++;
     }
     if (FM_MK_PROFILE) rg.stream_cy += clock64() - cs;
 }
-
-#if FM_MK_PACE
-/* mk_grid_sync for a paced step: every warp's lane 0 but thread 0 issues held refills while it waits for
- * thread 0 to see the count reached. */
-__device__ __forceinline__ void mk_grid_sync_pump(unsigned *bar, unsigned &target, mk_ring &rg,
-                                                  const mk_smem &m, int ns) {
-    named_sync(MK_BAR_ALL, MK_THREADS);
-    if ((threadIdx.x & 31) == 0) {
-        target += gridDim.x;
-        const unsigned long long t0 = global_ns();
-        if (threadIdx.x == 0) {
-            red_release(bar, 1u);
-            while (ld_acquire(bar) < target)
-                if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
-            mk_gen = target;
-        } else {
-            while (mk_gen != target) {
-                rg.pump(m, ns);
-                if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
-            }
-        }
-    }
-    named_sync(MK_BAR_ALL, MK_THREADS);
-}
-#endif
 
 /* One product of a.T tokens: the block's groups MK_SLOTS at a time (warps 0..3, 4..7, ...), warp r of a slot
  * taking unit r from its ring; then warp 0 of the slot adds the units' sums in order (the merge of
@@ -619,9 +532,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     for (int i = tid; i < P.n_layers * (int)sizeof(mk_layer) / 4; i += MK_THREADS)
         ((unsigned *)m.L)[i] = ((const unsigned *)P.L)[i];
     if (tid < 4) m.gs[tid] = P.gstart[tid * nblk + blockIdx.x], m.gc[tid] = P.gcount[tid * nblk + blockIdx.x];
-#if FM_MK_PACE
-    if (tid == 0) mk_gen = 0;
-#endif
     if (P.trace && tid == 0) { /* the SM: SMs differ in speed, and a block lands on another between runs */
         unsigned sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -641,14 +551,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     float *nws = m.nws;
     unsigned target = 0, nph = 0;
     mk_ring rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
-#if FM_MK_PACE
-    rg.ni = rg.nl = rg.nc = rg.pend = 0, rg.F = TT == 1 ? P.pace : 0;
-    /* every grid barrier of a paced step pumps (each lane 0 counts the barriers) */
-#define MK_GSYNC()                                                                                           \
-    (TT == 1 && P.pace ? mk_grid_sync_pump(P.bar, target, rg, m, P.ns) : mk_grid_sync(P.bar, target))
-#else
-#define MK_GSYNC() mk_grid_sync(P.bar, target)
-#endif
     if ((tid & 31) == 0) { /* the ring's first stages */
         rg.cur.start(rg.pl, warp >> 2, warp & 3);
         for (int i = 0; i < P.ns && rg.cur.live; i++) rg.issue(m, P.ns, i);
@@ -668,7 +570,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         };
         auto sync = [&](int i) {
             mark(i);
-            MK_GSYNC();
+            mk_grid_sync(P.bar, target);
             mark(i + 1);
         };
         auto product = [&](int k, auto mode, const q8_args &a) {
@@ -798,9 +700,8 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         product(3, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, L.cap, P.ldcap, NULL, NULL));
         mark(17);
         if (l + 1 < P.n_layers) /* the kernel's end orders the last layer's */
-            MK_GSYNC();
+            mk_grid_sync(P.bar, target);
     }
-#undef MK_GSYNC
 #else
     __trap(); /* fmc_mk_create refuses devices below sm_90 */
 #endif
@@ -932,9 +833,6 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     p.x = d->x, p.qkv = d->qkv, p.part = d->part, p.q = d->q, p.xq = d->xq, p.xd = d->xd;
     p.xqn = d->xqn, p.xdn = d->xdn;
     p.T = 1, p.ldcap = d->ldcap;
-#if FM_MK_PACE
-    p.pace = getenv("FMC_MEGA_PACE") ? atoi(getenv("FMC_MEGA_PACE")) : 0;
-#endif
     p.rope = d->rope, p.pos = d->pos;
     std::vector<mk_layer> layers(d->n_layers);
     for (int l = 0; l < d->n_layers; l++) {
