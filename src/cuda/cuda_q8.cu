@@ -73,11 +73,6 @@ void fmc_q8_repack(const void *blocks, int N, int K, int glu, int4 *qs, uint32_t
      * step 2.52-2.55 ms). */
     const char *e = getenv("FMC_Q8_PER_SM"), *eb = getenv("FMC_Q8_PLAN_BELOW"); /* (experiments) */
     gemm_plan(&w->sp, NB, NT16, glu, e && atoi(e) > 0 ? atoi(e) : 2, eb && atoi(eb) > 0 ? atoi(eb) : 4);
-    /* FMC_Q8_W8 (experiment): 8 K shares a tile for the products of few row tiles and one block a group
-     * (Qwen3-4B's wo and down: 160 tiles), so that the persistent step's groups take 8 warps, not 4 */
-    if (getenv("FMC_Q8_W8") && !glu && w->sp.kc == 1 && w->sp.w == 4 && NT16 <= 2 * fmc_sm_count() &&
-        NB % 8 == 0 && NB / 8 >= 8)
-        w->sp.w = 8;
 }
 
 void fmc_q8_plan(fmc_q8 *w, int per_sm, int below) {
