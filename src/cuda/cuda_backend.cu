@@ -313,6 +313,7 @@ static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, in
              upload_f32(b, &o->q_norm, S->q_norm, b->hd, err, errlen) ||
              upload_f32(b, &o->k_norm, S->k_norm, b->hd, err, errlen) ||
              upload_f32(b, &o->ffn_norm, S->ffn_norm, b->dim, err, errlen);
+        if (!rc) fmc_q8_widen(&o->wo), fmc_q8_widen(&o->down);
     }
     if (rc) return -1;
     if (upload_f32(b, &b->out_norm, m->output_norm, b->dim, err, errlen)) return -1;

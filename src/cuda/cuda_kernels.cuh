@@ -130,6 +130,10 @@ void fmc_q8_repack(const void *blocks, int N, int K, int glu, int4 *qs, uint32_t
                    cudaStream_t s);
 /* The split again, with other limits (gemm_plan's per_sm and below; experiments on the drafter's). */
 void fmc_q8_plan(fmc_q8 *w, int per_sm, int below);
+/* 8 K shares a group instead of 4 where a plain (not GLU) matrix has few row tiles and one block a group (the
+ * target's wo and down: the persistent step's warps); every path follows w->sp, so results stay the same
+ * bits across paths. */
+void fmc_q8_widen(fmc_q8 *w);
 
 /* The activations of a Q8_0 product: quantised (xq, xd, fragment order), or, when x != NULL, f32 rows x (row
  * stride ldx) that the launcher first normalises (RMSNorm with weight nw, when nw != NULL) and quantises

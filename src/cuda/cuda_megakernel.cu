@@ -51,27 +51,29 @@
 
 namespace {
 
-/* Warps of a block (-DFM_MK_WARPS: 8 or 12). They make slots of 4 warps, each taking a product's groups
- * in turn; the phases between the products run on the first 8 (Q8_THREADS threads: the quantiser's
- * reduction order), and 12 give the 304 gate/up and 384 qkv groups of Qwen3-4B a slot each on 132 SMs, where
- * 8 left 40 and 120 of them a second round on the same warps (bench/RESULTS.md). */
+/* Warps of a block (-DFM_MK_WARPS: 8, 12 or 16). They make slots of 4 warps (8 for a matrix split in 8 K
+ * shares by fmc_q8_widen: mk_slot_shift), each taking a product's groups in turn; the phases between the
+ * products run on the first 8 (Q8_THREADS threads: the quantiser's reduction order). 12 gave the 304 gate/up
+ * and 384 qkv groups of Qwen3-4B a slot each on 132 SMs, where 8 left 40 and 120 of them a second round; 16
+ * give each of wo's and down's 160 groups of 8 shares a slot (two a block) for 4 ring stages a warp instead
+ * of 6: an H200's step 1.868 -> 1.803-1.809 ms (with 4 shares, 16 warps were 1.2 % slower than 12;
+ * bench/RESULTS.md). */
 #ifndef FM_MK_WARPS
-#define FM_MK_WARPS 12
+#define FM_MK_WARPS 16
 #endif
 enum {
-    MK_WARPS = FM_MK_WARPS,                    /* each streams its own ring of weight tiles and computes */
-    MK_THREADS = MK_WARPS * 32,                /* >= Q8_THREADS: the quantiser's thread count */
-    MK_SLOTS = MK_WARPS / 4,                   /* group slots of a product */
-    MK_STAGE_TILES = 4,                        /* weight tiles of a ring stage */
-    MK_STAGE_W = MK_STAGE_TILES * 512,         /* their quants */
-    MK_STAGE_S = MK_STAGE_TILES * 32,          /* their scale pairs */
-    MK_RED_FLOATS = 2 * MK_SLOTS * 4 * 4 * 32, /* [round parity][group slot][warp][4][32] */
-    MK_CH = 16,                                /* splits the merge folds a chunk (two buffers: 16.6 KB) */
-    MK_QR = 16,                                /* query rows of an attention unit (attn_split_tile_kw) */
-    MK_TRACE = 18,                             /* phase boundaries a layer (fmc_mk_trace) */
+    MK_WARPS = FM_MK_WARPS,                /* each streams its own ring of weight tiles and computes */
+    MK_THREADS = MK_WARPS * 32,            /* >= Q8_THREADS: the quantiser's thread count */
+    MK_STAGE_TILES = 4,                    /* weight tiles of a ring stage */
+    MK_STAGE_W = MK_STAGE_TILES * 512,     /* their quants */
+    MK_STAGE_S = MK_STAGE_TILES * 32,      /* their scale pairs */
+    MK_RED_FLOATS = 2 * MK_WARPS * 4 * 32, /* [round parity][group slot][warp of the slot][4][32] */
+    MK_CH = 16,                            /* splits the merge folds a chunk (two buffers: 16.6 KB) */
+    MK_QR = 16,                            /* query rows of an attention unit (attn_split_tile_kw) */
+    MK_TRACE = 18,                         /* phase boundaries a layer (fmc_mk_trace) */
     MK_PROF = 16, /* FM_MK_PROFILE's counts a layer: 4 products x [wait, issue, stream, stages] */
 };
-static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 12, "8 or 12 warps a block");
+static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 16, "8, 12 or 16 warps a block");
 /* Named barriers (0 is __syncthreads). A phase's sub-block barriers (a product's slots, the q/k norms' and
  * the attention's groups of 64, the merge's units) reuse ids from 2: block-wide barriers part the phases. */
 enum { MK_BAR_ALL = 1, MK_BAR_Q8 = 15, MK_BAR_SLOT = 2 /* + slot */, MK_BAR_GRP = 2, MK_BAR_MERGE = 2 };
@@ -175,6 +177,11 @@ __device__ __forceinline__ int mk_unit(const mk_mat &M, int gr, int r, int *kb0,
 __device__ __forceinline__ int mk_units(const mk_mat &M) {
     return M.glu ? 4 : M.w;
 }
+/* log2 of a product's slot width: 4 warps, 8 where its groups have 8 units (fmc_create checks w <= 8). With
+ * 12 warps a block has one slot of 8 and 4 idle warps then. */
+__device__ __forceinline__ int mk_slot_shift(const mk_mat &M) {
+    return mk_units(M) > 4 ? 3 : 2;
+}
 
 /* What the block streams, in its shared memory (read there, not through L2, on every unit's way): the
  * layers' tables and the block's runs of groups. */
@@ -234,15 +241,15 @@ template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *bas
     return m;
 }
 
-/* Where warp (slot, r) is in its sequence of stages: unit r of the slot's groups (every MK_SLOTS-th group
- * of the block's run) of each product of each layer, 4 tiles a stage. */
+/* Where a warp is in its sequence of stages: in each product of each layer, unit r of its slot's groups
+ * (every slots-th group of the block's run; warp = slot * width + r), 4 tiles a stage. */
 struct mk_cursor {
-    int l, k, j, kb, nbw, slot, r;
+    int l, k, j, kb, nbw, warp;
     const int4 *qs;
     const uint32_t *sc;
     bool live;
-    __device__ void start(const mk_plan &pl, int slot_, int r_) {
-        slot = slot_, r = r_, l = 0, k = 0, j = slot - MK_SLOTS, live = true;
+    __device__ void start(const mk_plan &pl, int warp_) {
+        warp = warp_, l = 0, k = 0, j = -1, live = true;
         next_unit(pl);
     }
     /* the next unit of the warp's: the slot's next group in this product, else the next product */
@@ -253,15 +260,16 @@ struct mk_cursor {
                 return;
             }
             const mk_mat &M = pl.L[l].m[k];
-            j += MK_SLOTS;
-            if (r < mk_units(M) && j < pl.gc[k]) {
+            const int sh = mk_slot_shift(M), slot = warp >> sh, r = warp & ((1 << sh) - 1);
+            j = j < 0 ? slot : j + (MK_WARPS >> sh);
+            if (slot < (MK_WARPS >> sh) && r < mk_units(M) && j < pl.gc[k]) {
                 int kb0;
                 const int tile = mk_unit(M, pl.gs[k] + j, r, &kb0, &nbw);
                 const size_t t0 = (size_t)tile * (M.K >> 5) + kb0;
                 qs = M.qs + t0 * 32, sc = M.sc + t0 * 8, kb = 0;
                 return;
             }
-            j = slot - MK_SLOTS;
+            j = -1;
             if (++k == 4) k = 0, l++;
         }
     }
@@ -449,17 +457,19 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
     if (FM_MK_PROFILE) rg.stream_cy += clock64() - cs;
 }
 
-/* One product of a.T tokens: the block's groups MK_SLOTS at a time (warps 0..3, 4..7, ...), warp r of a slot
+/* One product of a.T tokens: the block's groups a slot at a time (warps 0..3, 4..7, ...), warp r of a slot
  * taking unit r from its ring; then warp 0 of the slot adds the units' sums in order (the merge of
  * gemm_merge) and stores (q8_out; += x with x's old rows loaded before the stream), or the slot's warps write
  * the GLU's output of their tokens (q8_glu_out). */
 template <int MODE, int TT>
 __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt, mk_ring &rg,
                                            const mk_smem &m, int ns) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slot = warp >> 2, r = warp & 3;
+    const int sh = mk_slot_shift(M), nsl = MK_WARPS >> sh, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int slot = warp >> sh, r = warp & ((1 << sh) - 1);
     const int g = lane >> 2, c = lane & 3, units = mk_units(M);
-    for (int jr = 0; MK_SLOTS * jr + slot < cnt; jr++) {
-        const int gr = start + MK_SLOTS * jr + slot;
+    if (slot >= nsl) return; /* 8-warp slots in a block of 12 */
+    for (int jr = 0; nsl * jr + slot < cnt; jr++) {
+        const int gr = start + nsl * jr + slot;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         /* the old x of the lane's (row, token) pairs: acc[j]'s, row g + 8 (j >> 1), token 2c + (j & 1) (TT =
          * 1: token 0's in the lanes c == 0) */
@@ -475,7 +485,7 @@ __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, in
             mk_stream_unit<TT>(acc, kb0, nbw, rg, m, ns);
         }
         /* two buffers by round parity: warp 0 reads round jr's while the others fill round jr + 1's */
-        float *rb = m.red + ((jr & 1) * MK_SLOTS + slot) * 4 * 4 * 32;
+        float *rb = m.red + (((jr & 1) * nsl + slot) << sh) * 4 * 32;
         if (M.glu) {
 #pragma unroll
             for (int j = 0; j < 4; j++) rb[(2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[j];
@@ -483,7 +493,7 @@ __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, in
 #pragma unroll
             for (int j = 0; j < 4; j++) rb[(r * 4 + j) * 32 + lane] = acc[j];
         }
-        named_sync(MK_BAR_SLOT + slot, 128);
+        named_sync(MK_BAR_SLOT + slot, 32 << sh);
         if (M.glu) { /* warp r: tokens r, r + 4 (each warp reads round jr's buffer before its next barrier) */
             for (int t = r; t < a.T; t += 4)
                 q8_glu_out(a, t, gr, M.N / 64, rb[t * 64 + lane], rb[t * 64 + 32 + lane]);
@@ -552,7 +562,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     unsigned target = 0, nph = 0;
     mk_ring rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
     if ((tid & 31) == 0) { /* the ring's first stages */
-        rg.cur.start(rg.pl, warp >> 2, warp & 3);
+        rg.cur.start(rg.pl, warp);
         for (int i = 0; i < P.ns && rg.cur.live; i++) rg.issue(m, P.ns, i);
     }
     mk_norm_fetch(m, nws, m.L[0].attn_norm, P.dim);
@@ -800,7 +810,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
         const fmc_q8 *mats[4] = {L.qkv, L.wo, L.gu, L.down};
         for (int k = 0; k < 4; k++) {
             const fmc_q8 *w = mats[k], *w0 = mats0[k];
-            if (w->sp.kc != 1 || w->sp.rt != (k == 2 ? 4 : 1) || (k == 2 && w->sp.w != 1))
+            if (w->sp.kc != 1 || w->sp.rt != (k == 2 ? 4 : 1) || (k == 2 && w->sp.w != 1) || w->sp.w > 8)
                 return no("a matrix's split merges across blocks");
             if (w->N != w0->N || w->K != w0->K || w->sp.w != w0->sp.w)
                 return no("layers of different shapes");

@@ -79,6 +79,19 @@ void fmc_q8_plan(fmc_q8 *w, int per_sm, int below) {
     gemm_plan(&w->sp, w->K / 32, (w->N + 15) / 16, 0, per_sm, below);
 }
 
+/* The persistent step runs a group's K shares on as many warps. Qwen3-4B's wo and down have 160 row tiles, so
+ * their 4 shares kept 640 of 1,584 warps (12 a block, 132 SMs) at work, each walking its chain of stages at
+ * the pace of its latency, not of the memory (the same time on an H100 and an H200). 8 shares halve each
+ * chain: with 16 warps a block, step 1.868 -> 1.803-1.809 ms on an H200 (bench/RESULTS.md, thirty-eighth
+ * session). FMC_Q8_W8=0 keeps 4 (experiments). */
+void fmc_q8_widen(fmc_q8 *w) {
+    const int NB = w->K / 32, NT16 = (w->N + 15) / 16;
+    const char *e = getenv("FMC_Q8_W8");
+    if (e && atoi(e) == 0) return;
+    if (w->sp.kc == 1 && w->sp.w == 4 && NT16 <= 2 * fmc_sm_count() && NB % 8 == 0 && NB / 8 >= 8)
+        w->sp.w = 8;
+}
+
 void fmc_split_scratch(const fmc_split *sp, int N, size_t *part_floats, int *counters) {
     const int groups = (N + 15) / 16 / sp->rt;
     *part_floats = sp->kc > 1 ? (size_t)groups * sp->kc * sp->rt * GEMM_SLOT : 0;
