@@ -4,7 +4,7 @@
  * Why: a step of Qwen3-4B runs 9 kernels a layer. Each product pays a fixed ~4-6 us beyond its bytes (the
  * wait for its predecessor, the activations' L2 round trip, the ramp and drain of one wave), and the weight
  * stream stops during every norm, RoPE and attention kernel: the step ran at ~46 % of the copy rate (bench/
- * RESULTS.md). Here one block per SM runs every layer. Each of its 12 warps streams its share of every
+ * RESULTS.md). Here one block per SM runs every layer. Each of its 16 warps streams its share of every
  * product's weight tiles, in program order, into its own shared-memory ring with the copy engine
  * (cp.async.bulk, an mbarrier a 4-tile stage): it refills a stage as soon as it has used it, so the ring
  * always holds the next stages of its sequence, also across the phases between grid barriers (norms,
