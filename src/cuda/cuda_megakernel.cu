@@ -177,8 +177,8 @@ __device__ __forceinline__ int mk_unit(const mk_mat &M, int gr, int r, int *kb0,
 __device__ __forceinline__ int mk_units(const mk_mat &M) {
     return M.glu ? 4 : M.w;
 }
-/* log2 of a product's slot width: 4 warps, 8 where its groups have 8 units (fmc_create checks w <= 8). With
- * 12 warps a block has one slot of 8 and 4 idle warps then. */
+/* log2 of a product's slot width: 4 warps, 8 where its groups have 8 units (fmc_mk_create checks w <= 8).
+ * With 12 warps a block has one slot of 8 and 4 idle warps then. */
 __device__ __forceinline__ int mk_slot_shift(const mk_mat &M) {
     return mk_units(M) > 4 ? 3 : 2;
 }
