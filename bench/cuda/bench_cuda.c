@@ -344,9 +344,10 @@ int main(int argc, char **argv) {
     const double kv = 2.0 * 2 * m->hp.n_layers * (NP + 68) * (double)m->hp.n_kv_heads * m->hp.head_dim;
     printf("RESULT device: %s\n", name);
     printf("RESULT copy bandwidth (read+write): %.0f GB/s\n", bw);
-    int mk_stages = 0;
-    const char *mk = fm_cuda_debug_mega(gb, &mk_stages);
-    printf("RESULT persistent step kernel: %s (%d ring stages of 4 tiles a warp)\n", mk, mk_stages);
+    int mk_stages = 0, mk_warps = 0;
+    const char *mk = fm_cuda_debug_mega(gb, &mk_stages, &mk_warps);
+    printf("RESULT persistent step kernel: %s (%d warps a block, %d ring stages of 4 tiles a warp)\n", mk,
+           mk_warps, mk_stages);
     int mkv_rows = 0;
     const char *mkv = fm_cuda_debug_mega_verify(gb, &mkv_rows);
     printf("RESULT persistent verify blocks: %s (2..%d rows)\n", mkv, mkv_rows);

@@ -95,8 +95,9 @@ extern "C" int fm_cuda_debug_mega_blocks(fm_cuda_backend *b, double *us, int *in
     return fmc_mk_trace_blocks(traced_mk(b), us, info, max_blocks);
 }
 
-extern "C" const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages) {
+extern "C" const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages, int *warps) {
     *stages = b->mk ? fmc_mk_stages(b->mk) : 0;
+    *warps = b->mk ? fmc_mk_warps(b->mk) : 0;
     if (!b->mk) return b->mk_why;
     const int coop = fmc_mk_cooperative(b->mk);
     static const char *const state[3][2] = {{"off, plain launch", "off, cooperative launch"},

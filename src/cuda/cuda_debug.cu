@@ -32,8 +32,9 @@ extern "C" void fm_cuda_debug_device_name(char *buf, size_t len) {
         snprintf(buf, len, "no device");
         return;
     }
-    snprintf(buf, len, "%s (%d SMs, %.1f GiB, CUDA driver API %d, runtime %d)", p.name, p.multiProcessorCount,
-             (double)p.totalGlobalMem / (1 << 30), drv, rt);
+    snprintf(buf, len, "%s (%d SMs, %.1f GiB, peak memory %.0f GB/s an SM, CUDA driver API %d, runtime %d)",
+             p.name, p.multiProcessorCount, (double)p.totalGlobalMem / (1 << 30), fmc_mem_gbps_per_sm(), drv,
+             rt);
 }
 
 extern "C" void fm_cuda_debug_sync(void) {

@@ -57,9 +57,9 @@ int fm_cuda_debug_mega_trace(fm_cuda_backend *b, int on, double *us);
 /* The same trace for every block (fmc_mk_trace_blocks): us[block * 18 + phase], info[block * 5 ..] = the
  * block's SM and its groups of the four products; returns the blocks, or < 0. */
 int fm_cuda_debug_mega_blocks(fm_cuda_backend *b, double *us, int *info, int max_blocks);
-/* "on" / "off" for the persistent step kernel (with its launch: cooperative or plain) and its ring stages,
- * or why the backend has none. */
-const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages);
+/* "on" / "off" for the persistent step kernel (with its launch: cooperative or plain), its ring stages and
+ * warps a block, or why the backend has none (stages 0). */
+const char *fm_cuda_debug_mega(const fm_cuda_backend *b, int *stages, int *warps);
 /* Whether verify blocks of 2 .. *max_T rows run persistent too (by the steps' mode), or why not (*max_T 0).
  */
 const char *fm_cuda_debug_mega_verify(const fm_cuda_backend *b, int *max_T);

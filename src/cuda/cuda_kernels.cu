@@ -33,6 +33,19 @@ int fmc_sm_count(void) {
     return n;
 }
 
+double fmc_mem_gbps_per_sm(void) {
+    static double v = -1;
+    if (v < 0) {
+        int dev = 0, khz = 0, bits = 0;
+        v = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) == cudaSuccess
+                ? 2.0 * khz * 1e3 * (bits / 8) / 1e9 / fmc_sm_count() /* double data rate */
+                : 0;
+    }
+    return v;
+}
+
 /* Sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result. */
 static __device__ double block_sum_d(double v) {
     __shared__ double sh[32];

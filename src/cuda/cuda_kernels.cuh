@@ -65,6 +65,9 @@ int fmc_init(void);
 /* The current device's streaming multiprocessors (132 on an H200), read once: the work splits are sized by
  * it. */
 int fmc_sm_count(void);
+/* The device's peak memory bandwidth per SM, GB/s (its memory clock and bus width; 0 where unknown): an H100
+ * SXM's 3.35 TB/s over 132 SMs is 25, an H200's 4.9 TB/s 37. */
+double fmc_mem_gbps_per_sm(void);
 
 /* Launches k with an optional programmatic-dependent-launch attribute and, for cluster > 1, in thread-block
  * clusters of `cluster` consecutive blocks along x (sm_90; grid.x a multiple of it). */
@@ -249,6 +252,8 @@ int fmc_mk_trace_read(const fmc_mk *mk, double *us);
 int fmc_mk_trace_blocks(const fmc_mk *mk, double *us, int *info, int max_blocks);
 /* Ring stages of 4 weight tiles each warp keeps in flight. */
 int fmc_mk_stages(const fmc_mk *mk);
+/* Warps of its blocks: 16 where a matrix has 8 K shares (fmc_q8_widen), else 12. */
+int fmc_mk_warps(const fmc_mk *mk);
 
 /* ---- BF16 (cuda_bf16.cu) ---- */
 

@@ -4,7 +4,7 @@
  * Why: a step of Qwen3-4B runs 9 kernels a layer. Each product pays a fixed ~4-6 us beyond its bytes (the
  * wait for its predecessor, the activations' L2 round trip, the ramp and drain of one wave), and the weight
  * stream stops during every norm, RoPE and attention kernel: the step ran at ~46 % of the copy rate (bench/
- * RESULTS.md). Here one block per SM runs every layer. Each of its 16 warps streams its share of every
+ * RESULTS.md). Here one block per SM runs every layer. Each of its 12 or 16 warps streams its share of every
  * product's weight tiles, in program order, into its own shared-memory ring with the copy engine
  * (cp.async.bulk, an mbarrier a 4-tile stage): it refills a stage as soon as it has used it, so the ring
  * always holds the next stages of its sequence, also across the phases between grid barriers (norms,
@@ -51,29 +51,25 @@
 
 namespace {
 
-/* Warps of a block (-DFM_MK_WARPS: 8, 12 or 16). They make slots of 4 warps (8 for a matrix split in 8 K
- * shares by fmc_q8_widen: mk_slot_shift), each taking a product's groups in turn; the phases between the
- * products run on the first 8 (Q8_THREADS threads: the quantiser's reduction order). 12 gave the 304 gate/up
- * and 384 qkv groups of Qwen3-4B a slot each on 132 SMs, where 8 left 40 and 120 of them a second round; 16
- * give each of wo's and down's 160 groups of 8 shares a slot (two a block) for 4 ring stages a warp instead
- * of 6: an H200's step 1.868 -> 1.803-1.809 ms (with 4 shares, 16 warps were 1.2 % slower than 12;
- * bench/RESULTS.md). */
-#ifndef FM_MK_WARPS
-#define FM_MK_WARPS 16
-#endif
+/* Warps of a block, W: 12 or 16 (the kernel's template argument, fmc_mk_create's choice). They make slots of
+ * 4 warps (8 for a matrix split in 8 K shares by fmc_q8_widen: mk_slot_shift), each taking a product's groups
+ * in turn; the phases between the products run on the first 8 (Q8_THREADS threads: the quantiser's reduction
+ * order). 12 give the 304 gate/up and 384 qkv groups of Qwen3-4B a slot each on 132 SMs (8 left 40 and 120 of
+ * them a second round). 16 give each of wo's and down's 160 groups of 8 shares a slot (two a block), for 4
+ * ring stages a warp instead of 6 (bench/RESULTS.md, thirty-eighth and thirty-ninth sessions). */
 enum {
-    MK_WARPS = FM_MK_WARPS,                /* each streams its own ring of weight tiles and computes */
-    MK_THREADS = MK_WARPS * 32,            /* >= Q8_THREADS: the quantiser's thread count */
-    MK_STAGE_TILES = 4,                    /* weight tiles of a ring stage */
-    MK_STAGE_W = MK_STAGE_TILES * 512,     /* their quants */
-    MK_STAGE_S = MK_STAGE_TILES * 32,      /* their scale pairs */
-    MK_RED_FLOATS = 2 * MK_WARPS * 4 * 32, /* [round parity][group slot][warp of the slot][4][32] */
-    MK_CH = 16,                            /* splits the merge folds a chunk (two buffers: 16.6 KB) */
-    MK_QR = 16,                            /* query rows of an attention unit (attn_split_tile_kw) */
-    MK_TRACE = 18,                         /* phase boundaries a layer (fmc_mk_trace) */
+    MK_STAGE_TILES = 4,                /* weight tiles of a ring stage */
+    MK_STAGE_W = MK_STAGE_TILES * 512, /* their quants */
+    MK_STAGE_S = MK_STAGE_TILES * 32,  /* their scale pairs */
+    MK_CH = 16,                        /* splits the merge folds a chunk (two buffers: 16.6 KB) */
+    MK_QR = 16,                        /* query rows of an attention unit (attn_split_tile_kw) */
+    MK_TRACE = 18,                     /* phase boundaries a layer (fmc_mk_trace) */
     MK_PROF = 16, /* FM_MK_PROFILE's counts a layer: 4 products x [wait, issue, stream, stages] */
 };
-static_assert(MK_WARPS % 4 == 0 && MK_WARPS >= (int)Q8_WARPS && MK_WARPS <= 16, "8, 12 or 16 warps a block");
+/* The products' reduction buffer of W warps: [round parity][group slot][warp of the slot][4][32]. */
+__host__ __device__ constexpr int mk_red_floats(int W) {
+    return 2 * W * 4 * 32;
+}
 /* Named barriers (0 is __syncthreads). A phase's sub-block barriers (a product's slots, the q/k norms' and
  * the attention's groups of 64, the merge's units) reuse ids from 2: block-wide barriers part the phases. */
 enum { MK_BAR_ALL = 1, MK_BAR_Q8 = 15, MK_BAR_SLOT = 2 /* + slot */, MK_BAR_GRP = 2, MK_BAR_MERGE = 2 };
@@ -148,8 +144,8 @@ __device__ __forceinline__ void mk_wait(uint64_t *b, unsigned parity) {
  * reduction (after the block's writes, which the named barrier orders before it) and waits with acquire
  * loads, as CUTLASS's grid barrier does; data written by other blocks is then read through L2 (ld.cg,
  * cp.async.cg). No __threadfence around it: the one after the wait alone took 3 % of a step. */
-__device__ __forceinline__ void mk_grid_sync(unsigned *bar, unsigned &target) {
-    named_sync(MK_BAR_ALL, MK_THREADS);
+template <int W> __device__ __forceinline__ void mk_grid_sync(unsigned *bar, unsigned &target) {
+    named_sync(MK_BAR_ALL, W * 32);
     if (threadIdx.x == 0) {
         target += gridDim.x;
         red_release(bar, 1u);
@@ -159,7 +155,7 @@ __device__ __forceinline__ void mk_grid_sync(unsigned *bar, unsigned &target) {
                 if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
         }
     }
-    named_sync(MK_BAR_ALL, MK_THREADS);
+    named_sync(MK_BAR_ALL, W * 32);
 }
 
 /* A product's unit r of group gr: its tile and the first of its nbw 32-blocks. The GLU's group is 4 tiles
@@ -198,7 +194,7 @@ struct mk_smem {
     uint64_t *nwb;                  /* the norm weights' copy */
     unsigned char *xs;              /* the product's activations (mk_carve says how they sit) */
     float *ds;                      /* and their scales */
-    float *red;                     /* MK_RED_FLOATS: warps' and head norms' sums, GLU rows, attention's P */
+    float *red;                     /* mk_red_floats: warps' and head norms' sums, GLU rows, attention's P */
     mk_layer *L;                    /* [n_layers] */
     unsigned short *gs, *gc;        /* [4] */
     unsigned char *scratch;         /* attention split / merge */
@@ -210,9 +206,10 @@ struct mk_smem {
  * norm's copy of its row of x (past the first dim / 32 blocks of quants: a norm's output) and the
  * attention's and the merge's tiles share one region, as no phase uses two of them (8 tokens' activations
  * of down take 88 KB: apart, they would leave no room for the rings; shared, 4 stages fit). */
-template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *base, const mk_params &P) {
+template <int TT, int W>
+__device__ __forceinline__ mk_smem mk_carve(unsigned char *base, const mk_params &P) {
     mk_smem m;
-    const size_t stages = (size_t)MK_WARPS * P.ns;
+    const size_t stages = (size_t)W * P.ns;
     m.ring_w = base;
     m.ring_s = m.ring_w + stages * MK_STAGE_W;
     m.full = (uint64_t *)(m.ring_s + stages * MK_STAGE_S);
@@ -224,7 +221,7 @@ template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *bas
         p = (unsigned char *)(m.ds + P.max_nb);
     }
     m.red = (float *)p;
-    m.L = (mk_layer *)(m.red + MK_RED_FLOATS);
+    m.L = (mk_layer *)(m.red + mk_red_floats(W));
     m.gs = (unsigned short *)(m.L + P.n_layers);
     m.gc = m.gs + 4;
     p = base + (((size_t)((unsigned char *)(m.gs + 16) - base) + 127) & ~(size_t)127); /* copies in */
@@ -243,7 +240,7 @@ template <int TT> __device__ __forceinline__ mk_smem mk_carve(unsigned char *bas
 
 /* Where a warp is in its sequence of stages: in each product of each layer, unit r of its slot's groups
  * (every slots-th group of the block's run; warp = slot * width + r), 4 tiles a stage. */
-struct mk_cursor {
+template <int W> struct mk_cursor {
     int l, k, j, kb, nbw, warp;
     const int4 *qs;
     const uint32_t *sc;
@@ -261,8 +258,8 @@ struct mk_cursor {
             }
             const mk_mat &M = pl.L[l].m[k];
             const int sh = mk_slot_shift(M), slot = warp >> sh, r = warp & ((1 << sh) - 1);
-            j = j < 0 ? slot : j + (MK_WARPS >> sh);
-            if (slot < (MK_WARPS >> sh) && r < mk_units(M) && j < pl.gc[k]) {
+            j = j < 0 ? slot : j + (W >> sh);
+            if (slot < (W >> sh) && r < mk_units(M) && j < pl.gc[k]) {
                 int kb0;
                 const int tile = mk_unit(M, pl.gs[k] + j, r, &kb0, &nbw);
                 const size_t t0 = (size_t)tile * (M.K >> 5) + kb0;
@@ -283,10 +280,10 @@ struct mk_cursor {
 /* A warp's ring: the stage it takes next (s, ph), and lane 0's cursor of the stage it copies in next. Each
  * warp refills the stage it has just used (a producer warp that refilled every ring was slower: the
  * persistent-kernel section of bench/RESULTS.md). */
-struct mk_ring {
+template <int W> struct mk_ring {
     int s;
     unsigned ph;
-    mk_cursor cur;
+    mk_cursor<W> cur;
     uint64_t pol;
     mk_plan pl;
     long long wait_cy, issue_cy; /* FM_MK_PROFILE: lane 0's cycles in mk_wait and in issue */
@@ -363,7 +360,7 @@ __device__ __forceinline__ void qk_store_kv(const mk_q_smem<HD> &q, int v, int d
     if (r) r[d] = h;
 }
 /* (the attention tile's exchange: the products' reduction buffer is free meanwhile) */
-static_assert(ATTN_XS_FLOATS <= MK_RED_FLOATS, "attn_split_tile_kw exchanges through m.red");
+static_assert(ATTN_XS_FLOATS <= mk_red_floats(12), "attn_split_tile_kw exchanges through m.red");
 /* A merge unit of HD threads: partials loaded through L2 (other blocks wrote them in this launch). */
 struct mk_combine : named_bar {
     __device__ __forceinline__ void fetch(float *dst, const float *src, int n2, int i, int nt) const {
@@ -375,9 +372,10 @@ struct mk_combine : named_bar {
 /* The next norm's weights (dim floats) into shared memory by the copy engine, on m.nwb. Every thread orders
  * its earlier writes of the buffer (the attention's, the merge's) before the copy engine's (another proxy).
  */
+template <int W>
 __device__ __forceinline__ void mk_norm_fetch(const mk_smem &m, float *nws, const float *nw, int dim) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    named_sync(MK_BAR_ALL, MK_THREADS);
+    named_sync(MK_BAR_ALL, W * 32);
     if (threadIdx.x == 0) {
         mb_expect(m.nwb, dim * 4);
         bulk_copy(nws, nw, dim * 4, m.nwb);
@@ -386,28 +384,28 @@ __device__ __forceinline__ void mk_norm_fetch(const mk_smem &m, float *nws, cons
 
 /* The activations of a product from fragment-order xq / xd into the block's shared memory: token 0's
  * (TT = 1), or the first n-tile's 8 tokens as they are. */
-template <int TT> __device__ void mk_load_act(const int8_t *xq, const float *xd, int K, const mk_smem &m) {
+template <int TT, int W>
+__device__ void mk_load_act(const int8_t *xq, const float *xd, int K, const mk_smem &m) {
     const int NB = K >> 5, tid = threadIdx.x;
     if (TT == 1) {
-        for (int j = tid; j < 2 * NB; j += MK_THREADS)
+        for (int j = tid; j < 2 * NB; j += W * 32)
             cp_async16(m.xs + (size_t)j * 16, xq + (size_t)(j >> 1) * 256 + (j & 1) * 16);
-        for (int j = tid; j < NB; j += MK_THREADS) m.ds[j] = __ldcg(xd + (size_t)j * 8);
+        for (int j = tid; j < NB; j += W * 32) m.ds[j] = __ldcg(xd + (size_t)j * 8);
     } else {
-        for (int j = tid; j < 16 * NB; j += MK_THREADS)
-            cp_async16(m.xs + (size_t)j * 16, xq + (size_t)j * 16);
-        for (int j = tid; j < 2 * NB; j += MK_THREADS) cp_async16(m.ds + (size_t)j * 4, xd + (size_t)j * 4);
+        for (int j = tid; j < 16 * NB; j += W * 32) cp_async16(m.xs + (size_t)j * 16, xq + (size_t)j * 16);
+        for (int j = tid; j < 2 * NB; j += W * 32) cp_async16(m.ds + (size_t)j * 4, xd + (size_t)j * 4);
     }
     cp_async_commit();
     cp_async_wait<0>();
-    named_sync(MK_BAR_ALL, MK_THREADS);
+    named_sync(MK_BAR_ALL, W * 32);
 }
 
 /* The calling warp's unit of nbw 32-blocks from kb0 of the product's activations (the block's m.xs / m.ds),
  * its stages taken from the warp's ring, into acc (fmc_split's order: acc = fma(isum, dw * dx, acc)). TT =
  * 1: every lane takes token 0's fragment (the sums of the columns past 0 are neither made nor stored); 8:
  * token g's, with the scales of tokens 2c, 2c + 1 (those past the launch's T are not stored). */
-template <int TT>
-__device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_ring &rg,
+template <int TT, int W>
+__device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw, mk_ring<W> &rg,
                                                const mk_smem &m, int ns) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     constexpr int XB = TT == 1 ? 4 : 32; /* uint2 a 32-block */
@@ -428,7 +426,7 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
         const long long c0 = FM_MK_PROFILE ? clock64() : 0;
         mk_wait(m.full + st, rg.ph);
         if (FM_MK_PROFILE) rg.wait_cy += clock64() - c0;
-        const int4 *W = (const int4 *)(m.ring_w + st * MK_STAGE_W) + lane;
+        const int4 *Q = (const int4 *)(m.ring_w + st * MK_STAGE_W) + lane;
         const uint32_t *S = (const uint32_t *)(m.ring_s + st * MK_STAGE_S) + g;
         if (nbw - kb >= MK_STAGE_TILES) { /* a full stage: its tiles into registers at once */
             int4 A[MK_STAGE_TILES];
@@ -437,12 +435,12 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
             float2 dx[MK_STAGE_TILES];
 #pragma unroll
             for (int k = 0; k < MK_STAGE_TILES; k++)
-                A[k] = W[k * 32], sc[k] = S[k * 8], xv[k] = xw[(size_t)(kb + k) * XB], dx[k] = xd(kb + k);
+                A[k] = Q[k * 32], sc[k] = S[k * 8], xv[k] = xw[(size_t)(kb + k) * XB], dx[k] = xd(kb + k);
 #pragma unroll
             for (int k = 0; k < MK_STAGE_TILES; k++) tile(A[k], sc[k], xv[k], dx[k]);
         } else {
             for (int k = 0; k < nbw - kb; k++)
-                tile(W[k * 32], S[k * 8], xw[(size_t)(kb + k) * XB], xd(kb + k));
+                tile(Q[k * 32], S[k * 8], xw[(size_t)(kb + k) * XB], xd(kb + k));
         }
         /* the products have used the stage's loads: the slot is free for the copy engine */
         __syncwarp();
@@ -461,10 +459,10 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
  * taking unit r from its ring; then warp 0 of the slot adds the units' sums in order (the merge of
  * gemm_merge) and stores (q8_out; += x with x's old rows loaded before the stream), or the slot's warps write
  * the GLU's output of their tokens (q8_glu_out). */
-template <int MODE, int TT>
-__device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt, mk_ring &rg,
-                                           const mk_smem &m, int ns) {
-    const int sh = mk_slot_shift(M), nsl = MK_WARPS >> sh, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+template <int MODE, int TT, int W>
+__device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt,
+                                           mk_ring<W> &rg, const mk_smem &m, int ns) {
+    const int sh = mk_slot_shift(M), nsl = W >> sh, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int slot = warp >> sh, r = warp & ((1 << sh) - 1);
     const int g = lane >> 2, c = lane & 3, units = mk_units(M);
     if (slot >= nsl) return; /* 8-warp slots in a block of 12 */
@@ -482,7 +480,7 @@ __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, in
         if (r < units) {
             int kb0, nbw;
             mk_unit(M, gr, r, &kb0, &nbw);
-            mk_stream_unit<TT>(acc, kb0, nbw, rg, m, ns);
+            mk_stream_unit<TT, W>(acc, kb0, nbw, rg, m, ns);
         }
         /* two buffers by round parity: warp 0 reads round jr's while the others fill round jr + 1's */
         float *rb = m.red + (((jr & 1) * nsl + slot) << sh) * 4 * 32;
@@ -530,16 +528,18 @@ __device__ __forceinline__ q8_args mk_args(int T, float *y, int ldy, float *y2, 
  * (the (token, head) pairs spread over all blocks, the queries through L2 as the kernels' attention reads
  * them), an attention unit's two 16-row tiles (4 tokens x G heads each) run on warps 0..3 and 4..7, and
  * the merge takes (head, token) pairs. */
-template <int HD, int TT>
-__global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_constant__ mk_params P) {
+template <int HD, int TT, int W>
+__global__ void __launch_bounds__(W * 32, 1) k_megakernel(const __grid_constant__ mk_params P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     static_assert(TT == 1 || TT == 8, "steps or verify blocks of up to 8 tokens");
+    static_assert(W == 12 || W == 16, "12 or 16 warps a block");
+    constexpr int THREADS = W * 32;                 /* >= Q8_THREADS: the quantiser's thread count */
     constexpr int QR = TT == 1 ? MK_QR : 2 * MK_QR; /* an attention unit's query rows */
     extern __shared__ __align__(128) unsigned char smem[];
-    const mk_smem m = mk_carve<TT>(smem, P);
+    const mk_smem m = mk_carve<TT, W>(smem, P);
     const int tid = threadIdx.x, warp = tid >> 5, nblk = gridDim.x, T = TT == 1 ? 1 : P.T;
     /* the tables into shared memory */
-    for (int i = tid; i < P.n_layers * (int)sizeof(mk_layer) / 4; i += MK_THREADS)
+    for (int i = tid; i < P.n_layers * (int)sizeof(mk_layer) / 4; i += THREADS)
         ((unsigned *)m.L)[i] = ((const unsigned *)P.L)[i];
     if (tid < 4) m.gs[tid] = P.gstart[tid * nblk + blockIdx.x], m.gc[tid] = P.gcount[tid * nblk + blockIdx.x];
     if (P.trace && tid == 0) { /* the SM: SMs differ in speed, and a block lands on another between runs */
@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         P.trace[(size_t)nblk * P.n_layers * MK_TRACE + blockIdx.x] = sm;
     }
     if (tid == 0) {
-        for (int i = 0; i < MK_WARPS * P.ns; i++) mb_init(m.full + i, 1);
+        for (int i = 0; i < W * P.ns; i++) mb_init(m.full + i, 1);
         mb_init(m.nwb, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -560,12 +560,12 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
     constexpr int QP = attn_vp(HD);
     float *nws = m.nws;
     unsigned target = 0, nph = 0;
-    mk_ring rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
+    mk_ring<W> rg = {0, 0, {}, l2_evict_first(), {m.L, m.gs, m.gc, P.n_layers}, 0, 0};
     if ((tid & 31) == 0) { /* the ring's first stages */
         rg.cur.start(rg.pl, warp);
         for (int i = 0; i < P.ns && rg.cur.live; i++) rg.issue(m, P.ns, i);
     }
-    mk_norm_fetch(m, nws, m.L[0].attn_norm, P.dim);
+    mk_norm_fetch<W>(m, nws, m.L[0].attn_norm, P.dim);
     const attn_tiles<HD> at(m.scratch);
     uint32_t *Ks = at.Ks;
     __half *Vs = at.Vs, *Qs = at.Qs;
@@ -580,11 +580,11 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         };
         auto sync = [&](int i) {
             mark(i);
-            mk_grid_sync(P.bar, target);
+            mk_grid_sync<W>(P.bar, target);
             mark(i + 1);
         };
         auto product = [&](int k, auto mode, const q8_args &a) {
-            mk_product<decltype(mode)::value, TT>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
+            mk_product<decltype(mode)::value, TT, W>(L.m[k], a, m.gs[k], m.gc[k], rg, m, P.ns);
             if (FM_MK_PROFILE && P.prof && (tid & 31) == 0) {
                 unsigned long long *d = P.prof + ((size_t)blockIdx.x * P.n_layers + l) * MK_PROF + k * 4;
                 const long long v[4] = {rg.wait_cy, rg.issue_cy, rg.stream_cy, rg.nst};
@@ -602,15 +602,14 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                     q8_quant_row_src(mk_norm_src{P.x + (size_t)blockIdx.x * P.dim, m.xcp, nws}, P.eps, P.dim,
                                      q8_frag_sink{P.xqn, P.xdn, (int)blockIdx.x, P.dim / 32},
                                      named_bar{MK_BAR_Q8, Q8_THREADS});
-                mk_grid_sync(P.bar, target);
-                mk_load_act<TT>(P.xqn, P.xdn, P.dim, m);
+                mk_grid_sync<W>(P.bar, target);
+                mk_load_act<TT, W>(P.xqn, P.xdn, P.dim, m);
                 return;
             }
             if (tid < Q8_THREADS)
                 q8_quant_row_src(mk_norm_src{P.x, m.xcp, nws}, P.eps, P.dim, sink,
                                  named_bar{MK_BAR_Q8, Q8_THREADS});
-            if ((int)MK_THREADS > (int)Q8_THREADS)
-                named_sync(MK_BAR_ALL, MK_THREADS); /* the products read it */
+            if ((int)THREADS > (int)Q8_THREADS) named_sync(MK_BAR_ALL, THREADS); /* the products read it */
         };
         mark(0);
         /* qkv */
@@ -630,7 +629,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                 mk_args(T, P.qkv, q_dim + 2 * n_kv * HD, NULL, 0, NULL, NULL));
         sync(2);
         if (TT > 1) { /* the q/k norms and RoPE of every (token, head), a pair per group of 64 threads */
-            const int NH = n_heads + 2 * n_kv, NG = MK_WARPS / 2;
+            const int NH = n_heads + 2 * n_kv, NG = W / 2;
             for (int it = blockIdx.x * NG + grp; it < T * NH; it += nblk * NG)
                 qk_norm_rope_head(P.qkv, it / NH, it % NH, n_heads, n_kv, HD, L.q_norm, L.k_norm, P.eps,
                                   P.rope, P.pos, P.q, L.kc, L.vc,
@@ -653,13 +652,13 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                 const int nr = early && heads > G ? *P.pos - s * FMC_ATT_SPLIT : -1;
                 const mk_q_smem<HD> qo = {Qs, g * G, nr < 0 ? NULL : (__half *)Ks + nr * 2 * attn_kp(HD),
                                           nr < 0 ? NULL : Vs + nr * attn_vp(HD)};
-                for (int j = tid; j < (MK_QR - G) * QP; j += MK_THREADS) /* the unused query rows */
+                for (int j = tid; j < (MK_QR - G) * QP; j += THREADS) /* the unused query rows */
                     Qs[G * QP + j] = Qs[(MK_QR + G) * QP + j] = __float2half_rn(0.0f);
-                for (int j = grp; j < heads; j += MK_WARPS / 2)
+                for (int j = grp; j < heads; j += W / 2)
                     qk_norm_rope_head(P.qkv, 0, j < G ? g * G + j : n_heads + (j - G) * n_kv + g, n_heads,
                                       n_kv, HD, L.q_norm, L.k_norm, P.eps, P.rope, P.pos, qo, L.kc, L.vc,
                                       mk_group{gtid, MK_BAR_GRP + grp, (double *)m.red + grp * 32});
-                named_sync(MK_BAR_ALL, MK_THREADS); /* the queries, and this block's new key row */
+                named_sync(MK_BAR_ALL, THREADS); /* the queries, and this block's new key row */
             }
             constexpr int TW = TT == 1 ? 4 : 8; /* the warps of the unit's tiles */
             if (warp < TW) {
@@ -678,7 +677,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
                                                   TT == 1 ? m.red : txs + tile * ATTN_XS_FLOATS, warp & 3,
                                                   named_bar{MK_BAR_GRP + 1 + tile, 128});
             }
-            named_sync(MK_BAR_ALL, MK_THREADS); /* Ks / Vs / Qs are rewritten next */
+            named_sync(MK_BAR_ALL, THREADS); /* Ks / Vs / Qs are rewritten next */
         }
         sync(6);
         /* merge + quantise: a (head, token) per HD threads of the first Q8_THREADS */
@@ -693,24 +692,25 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
         }
         sync(8);
         /* wo, += x */
-        mk_load_act<TT>(P.xq, P.xd, q_dim, m); /* its barrier: the merge's buffers are free for the weights */
-        mk_norm_fetch(m, nws, L.ffn_norm, P.dim);
+        mk_load_act<TT, W>(P.xq, P.xd, q_dim,
+                           m); /* its barrier: the merge's buffers are free for the weights */
+        mk_norm_fetch<W>(m, nws, L.ffn_norm, P.dim);
         mark(10);
         product(1, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, NULL, 0, NULL, NULL));
         sync(11);
         /* gate/up, SiLU * up quantised into xq / xd */
         norm();
-        if (l + 1 < P.n_layers) mk_norm_fetch(m, nws, m.L[l + 1].attn_norm, P.dim);
+        if (l + 1 < P.n_layers) mk_norm_fetch<W>(m, nws, m.L[l + 1].attn_norm, P.dim);
         mark(13);
         product(2, std::integral_constant<int, Q8_GLU>(), mk_args(T, NULL, 0, NULL, 0, P.xq, P.xd));
         sync(14);
         /* down, += x (and the drafter's captured copy) */
-        mk_load_act<TT>(P.xq, P.xd, P.ffn, m);
+        mk_load_act<TT, W>(P.xq, P.xd, P.ffn, m);
         mark(16);
         product(3, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, L.cap, P.ldcap, NULL, NULL));
         mark(17);
         if (l + 1 < P.n_layers) /* the kernel's end orders the last layer's */
-            mk_grid_sync(P.bar, target);
+            mk_grid_sync<W>(P.bar, target);
     }
 #else
     __trap(); /* fmc_mk_create refuses devices below sm_90 */
@@ -719,9 +719,9 @@ __global__ void __launch_bounds__(MK_THREADS, 1) k_megakernel(const __grid_const
 
 /* Bytes of shared memory past the rings (mk_carve: the norm weights' mbarrier, activations, sums, tables,
  * scratch) and of one ring stage of every warp (with its mbarrier), for TT tokens. */
-size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim, int TT) {
+size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim, int TT, int W) {
     const size_t merge = (size_t)(Q8_THREADS / hd) * 2 * MK_CH * (hd + 2) * 4;
-    const size_t head = 16 + MK_RED_FLOATS * 4 + n_layers * sizeof(mk_layer) + 32 + 128;
+    const size_t head = 16 + mk_red_floats(W) * 4 + n_layers * sizeof(mk_layer) + 32 + 128;
     if (TT == 1) {
         const size_t norm = (size_t)2 * dim * 4; /* the next norm's weights and x's copy */
         return head + (size_t)max_nb * 36 + std::max(std::max(attn_smem(hd, MK_QR), merge), norm);
@@ -731,13 +731,15 @@ size_t mk_fixed_bytes(int hd, int max_nb, int n_layers, int dim, int TT) {
                  norm = (size_t)max_nb * 32 + (size_t)dim / 32 * 256 + (size_t)dim * 4; /* + x's row */
     return head + ((size_t)dim * 4 + 127) / 128 * 128 + std::max(std::max(attn, merge), std::max(act, norm));
 }
-constexpr size_t MK_STAGE_BYTES = (size_t)MK_WARPS * (MK_STAGE_W + MK_STAGE_S + 8);
+size_t mk_stage_bytes(int W) {
+    return (size_t)W * (MK_STAGE_W + MK_STAGE_S + 8);
+}
 
 typedef void (*mk_kernel)(const mk_params);
-template <int TT> mk_kernel mk_pick(int hd) {
-    return hd == 32    ? k_megakernel<32, TT>
-           : hd == 64  ? k_megakernel<64, TT>
-           : hd == 128 ? k_megakernel<128, TT>
+template <int TT, int W> mk_kernel mk_pick(int hd) {
+    return hd == 32    ? k_megakernel<32, TT, W>
+           : hd == 64  ? k_megakernel<64, TT, W>
+           : hd == 128 ? k_megakernel<128, TT, W>
                        : NULL;
 }
 
@@ -746,7 +748,7 @@ template <int TT> mk_kernel mk_pick(int hd) {
 struct fmc_mk {
     mk_params p;
     mk_kernel kernel;
-    int coop, max_T;
+    int coop, max_T, warps;
     unsigned grid;
     size_t smem;
     std::vector<void *> allocs;
@@ -797,8 +799,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
         return no("device attributes unavailable");
     if (major < 9 || !coop) return no("needs sm_90 (bulk copies) and cooperative launches");
     const int TT = d->tokens > 1 ? 8 : 1, G = d->n_heads / d->n_kv;
-    const mk_kernel kernel = TT == 1 ? mk_pick<1>(d->hd) : mk_pick<8>(d->hd);
-    if (!kernel) return no("head_dim must be 32, 64 or 128");
+    if (d->hd != 32 && d->hd != 64 && d->hd != 128) return no("head_dim must be 32, 64 or 128");
     if (G > MK_QR) return no("more than 16 query heads per KV head");
     /* a verify unit's two tiles hold 32 (token, head) rows */
     const int max_T = TT == 1 ? 1 : std::min(TT, 2 * MK_QR / G);
@@ -816,26 +817,35 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
                 return no("layers of different shapes");
         }
     }
+    /* 16 warps where a matrix has 8 K shares (two slots of 8), else 12 (FMC_MEGA_WARPS=12 / 16 overrides,
+     * for experiments) */
+    int W = 12;
+    for (int k = 0; k < 4; k++)
+        if (mats0[k]->sp.w > 4) W = 16;
+    const char *ew = getenv("FMC_MEGA_WARPS");
+    if (ew && (atoi(ew) == 12 || atoi(ew) == 16)) W = atoi(ew);
+    const mk_kernel kernel = TT == 1 ? (W == 16 ? mk_pick<1, 16>(d->hd) : mk_pick<1, 12>(d->hd))
+                                     : (W == 16 ? mk_pick<8, 16>(d->hd) : mk_pick<8, 12>(d->hd));
     /* 32-blocks of the widest activations, rounded so that what follows them stays 16-byte aligned */
     const int max_nb = (std::max(std::max(d->dim, d->n_heads * d->hd), d->ffn) / 32 + 3) & ~3;
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return no("kernel attributes unavailable");
-    const size_t fixed = mk_fixed_bytes(d->hd, max_nb, d->n_layers, d->dim, TT),
+    const size_t fixed = mk_fixed_bytes(d->hd, max_nb, d->n_layers, d->dim, TT, W), stage = mk_stage_bytes(W),
                  room = (size_t)smem_optin - fa.sharedSizeBytes;
-    if (room < fixed + 2 * MK_STAGE_BYTES) return no("too little shared memory");
-    int ns = (int)std::min<size_t>(16, (room - fixed) / MK_STAGE_BYTES);
+    if (room < fixed + 2 * stage) return no("too little shared memory");
+    int ns = (int)std::min<size_t>(16, (room - fixed) / stage);
     const char *e = getenv("FMC_MEGA_NS"); /* fewer stages (experiments: how deep the rings must be) */
     if (e && atoi(e) >= 2) ns = std::min(ns, atoi(e));
-    const size_t smem = fixed + (size_t)ns * MK_STAGE_BYTES;
+    const size_t smem = fixed + (size_t)ns * stage;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
         return no("shared-memory limit refused");
     int per_sm = 0, sms = fmc_sm_count();
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MK_THREADS, smem) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, W * 32, smem) != cudaSuccess ||
         per_sm < 1)
         return no("the persistent block does not fit an SM");
 
     fmc_mk *mk = new fmc_mk();
-    mk->kernel = kernel, mk->coop = 1, mk->grid = (unsigned)sms, mk->smem = smem;
+    mk->kernel = kernel, mk->coop = 1, mk->grid = (unsigned)sms, mk->smem = smem, mk->warps = W;
     mk->max_T = std::min(max_T, sms); /* block t norms row t */
     mk_params &p = mk->p;
     p.n_layers = d->n_layers, p.dim = d->dim, p.n_heads = d->n_heads, p.n_kv = d->n_kv, p.ffn = d->ffn;
@@ -892,7 +902,7 @@ void fmc_mk_launch(const fmc_mk *mk, int T, cudaStream_t s) {
     cudaMemsetAsync(mk->p.bar, 0, 4, s);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(mk->grid);
-    cfg.blockDim = dim3(MK_THREADS);
+    cfg.blockDim = dim3((unsigned)mk->warps * 32);
     cfg.dynamicSmemBytes = mk->smem;
     cfg.stream = s;
     cudaLaunchAttribute at[1];
@@ -970,7 +980,7 @@ int fmc_mk_trace_read(const fmc_mk *mk, double *us) {
         double sum = 0;
         for (int b = 0; b < nb; b++)
             for (int l = 1; l < L - 1; l++) sum += (double)pr[((size_t)b * L + l) * MK_PROF + i];
-        us[3 * MK_TRACE + i] = sum / ((double)nb * (L - 2) * MK_WARPS);
+        us[3 * MK_TRACE + i] = sum / ((double)nb * (L - 2) * mk->warps);
     }
     return MK_TRACE;
 }
@@ -993,4 +1003,8 @@ int fmc_mk_trace_blocks(const fmc_mk *mk, double *us, int *info, int max_blocks)
 
 int fmc_mk_stages(const fmc_mk *mk) {
     return mk->p.ns;
+}
+
+int fmc_mk_warps(const fmc_mk *mk) {
+    return mk->warps;
 }

@@ -82,12 +82,15 @@ void fmc_q8_plan(fmc_q8 *w, int per_sm, int below) {
 /* The persistent step runs a group's K shares on as many warps. Qwen3-4B's wo and down have 160 row tiles, so
  * their 4 shares kept 640 of 1,584 warps (12 a block, 132 SMs) at work, each walking its chain of stages at
  * the pace of its latency, not of the memory (the same time on an H100 and an H200). 8 shares halve each
- * chain: with 16 warps a block, step 1.868 -> 1.803-1.809 ms on an H200 (bench/RESULTS.md, thirty-eighth
- * session). FMC_Q8_W8=0 keeps 4 (experiments). */
+ * chain, on 16 warps a block (fmc_mk_create), whose rings are shallower (4 stages a warp instead of 6): that
+ * pays where the memory is fast for the SMs. Same builds, process by process (bench/RESULTS.md,
+ * thirty-eighth and thirty-ninth sessions): an H200 (37 GB/s an SM) step 1.868 -> 1.803-1.809 ms; an H100
+ * (25 GB/s an SM) 2.178-2.182 -> 2.222-2.225 ms, its verify blocks up to 6 % slower. So 8 from 31 GB/s an SM;
+ * FMC_Q8_W8=0 / 1 keeps 4 / takes 8 on any device (experiments). */
 void fmc_q8_widen(fmc_q8 *w) {
     const int NB = w->K / 32, NT16 = (w->N + 15) / 16;
     const char *e = getenv("FMC_Q8_W8");
-    if (e && atoi(e) == 0) return;
+    if (e ? atoi(e) == 0 : fmc_mem_gbps_per_sm() < 31.0) return;
     if (w->sp.kc == 1 && w->sp.w == 4 && NT16 <= 2 * fmc_sm_count() && NB % 8 == 0 && NB / 8 >= 8)
         w->sp.w = 8;
 }

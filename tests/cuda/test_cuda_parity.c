@@ -471,10 +471,13 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
 
     /* 2. A verify block equals step-by-step rows bit for bit (graphs on / off, PDL on / off), and every
      * launch mode gives the same bits. */
-    int mk_stages = 0;
-    const char *mk_state = fm_cuda_debug_mega(gb, &mk_stages);
+    int mk_stages = 0, mk_warps = 0;
+    const char *mk_state = fm_cuda_debug_mega(gb, &mk_stages, &mk_warps);
     const int has_mega = mk_stages > 0, mega_default = fm_cuda_debug_set_mega(gb, -1);
-    if (!has_mega) printf("INFO tied=%d: no persistent step kernel here: %s\n", tied, mk_state);
+    if (!has_mega)
+        printf("INFO tied=%d: no persistent step kernel here: %s\n", tied, mk_state);
+    else
+        printf("INFO tied=%d: persistent step kernel: %s (%d warps a block)\n", tied, mk_state, mk_warps);
     int mkv_rows = 0;
     const char *mkv_state = fm_cuda_debug_mega_verify(gb, &mkv_rows);
     printf("INFO tied=%d: persistent verify blocks: %s (2..%d rows)\n", tied, mkv_state, mkv_rows);
