@@ -173,10 +173,11 @@ __device__ __forceinline__ int mk_unit(const mk_mat &M, int gr, int r, int *kb0,
 __device__ __forceinline__ int mk_units(const mk_mat &M) {
     return M.glu ? 4 : M.w;
 }
-/* log2 of a product's slot width: 4 warps, 8 where its groups have 8 units (fmc_mk_create checks w <= 8).
- * With 12 warps a block has one slot of 8 and 4 idle warps then. */
-__device__ __forceinline__ int mk_slot_shift(const mk_mat &M) {
-    return mk_units(M) > 4 ? 3 : 2;
+/* log2 of a product's slot width: 4 warps, 8 where its groups have 8 units (16 warps only: fmc_mk_create
+ * checks). 12 warps take slots of 4 as constants: computing the width cost their step 0.3-0.7 % and verify(8)
+ * 1-2 % on an H100 (bench/RESULTS.md, thirty-ninth session). */
+template <int W> __device__ __forceinline__ int mk_slot_shift(const mk_mat &M) {
+    return W == 16 && mk_units(M) > 4 ? 3 : 2;
 }
 
 /* What the block streams, in its shared memory (read there, not through L2, on every unit's way): the
@@ -257,9 +258,9 @@ template <int W> struct mk_cursor {
                 return;
             }
             const mk_mat &M = pl.L[l].m[k];
-            const int sh = mk_slot_shift(M), slot = warp >> sh, r = warp & ((1 << sh) - 1);
+            const int sh = mk_slot_shift<W>(M), slot = warp >> sh, r = warp & ((1 << sh) - 1);
             j = j < 0 ? slot : j + (W >> sh);
-            if (slot < (W >> sh) && r < mk_units(M) && j < pl.gc[k]) {
+            if (r < mk_units(M) && j < pl.gc[k]) {
                 int kb0;
                 const int tile = mk_unit(M, pl.gs[k] + j, r, &kb0, &nbw);
                 const size_t t0 = (size_t)tile * (M.K >> 5) + kb0;
@@ -462,10 +463,9 @@ __device__ __forceinline__ void mk_stream_unit(float (&acc)[4], int kb0, int nbw
 template <int MODE, int TT, int W>
 __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, int start, int cnt,
                                            mk_ring<W> &rg, const mk_smem &m, int ns) {
-    const int sh = mk_slot_shift(M), nsl = W >> sh, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int sh = mk_slot_shift<W>(M), nsl = W >> sh, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int slot = warp >> sh, r = warp & ((1 << sh) - 1);
     const int g = lane >> 2, c = lane & 3, units = mk_units(M);
-    if (slot >= nsl) return; /* 8-warp slots in a block of 12 */
     for (int jr = 0; nsl * jr + slot < cnt; jr++) {
         const int gr = start + nsl * jr + slot;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -817,13 +817,15 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
                 return no("layers of different shapes");
         }
     }
-    /* 16 warps where a matrix has 8 K shares (two slots of 8), else 12 (FMC_MEGA_WARPS=12 / 16 overrides,
-     * for experiments) */
+    /* 16 warps where a matrix has 8 K shares (two slots of 8), else 12 (FMC_MEGA_WARPS=16 overrides, for
+     * experiments) */
     int W = 12;
     for (int k = 0; k < 4; k++)
         if (mats0[k]->sp.w > 4) W = 16;
     const char *ew = getenv("FMC_MEGA_WARPS");
     if (ew && (atoi(ew) == 12 || atoi(ew) == 16)) W = atoi(ew);
+    for (int k = 0; k < 4 && W == 12; k++)
+        if (mats0[k]->sp.w > 4) return no("12 warps a block take no matrix of 8 K shares");
     const mk_kernel kernel = TT == 1 ? (W == 16 ? mk_pick<1, 16>(d->hd) : mk_pick<1, 12>(d->hd))
                                      : (W == 16 ? mk_pick<8, 16>(d->hd) : mk_pick<8, 12>(d->hd));
     /* 32-blocks of the widest activations, rounded so that what follows them stays 16-byte aligned */
