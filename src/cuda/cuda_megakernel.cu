@@ -692,8 +692,8 @@ __global__ void __launch_bounds__(W * 32, 1) k_megakernel(const __grid_constant_
         }
         sync(8);
         /* wo, += x */
-        mk_load_act<TT, W>(P.xq, P.xd, q_dim,
-                           m); /* its barrier: the merge's buffers are free for the weights */
+        /* its barrier: the merge's buffers are free for the weights */
+        mk_load_act<TT, W>(P.xq, P.xd, q_dim, m);
         mk_norm_fetch<W>(m, nws, L.ffn_norm, P.dim);
         mark(10);
         product(1, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, NULL, 0, NULL, NULL));
@@ -819,13 +819,12 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     }
     /* 16 warps where a matrix has 8 K shares (two slots of 8), else 12 (FMC_MEGA_WARPS=16 overrides, for
      * experiments) */
-    int W = 12;
-    for (int k = 0; k < 4; k++)
-        if (mats0[k]->sp.w > 4) W = 16;
+    bool wide = false;
+    for (int k = 0; k < 4; k++) wide = wide || mats0[k]->sp.w > 4;
+    int W = wide ? 16 : 12;
     const char *ew = getenv("FMC_MEGA_WARPS");
     if (ew && (atoi(ew) == 12 || atoi(ew) == 16)) W = atoi(ew);
-    for (int k = 0; k < 4 && W == 12; k++)
-        if (mats0[k]->sp.w > 4) return no("12 warps a block take no matrix of 8 K shares");
+    if (W == 12 && wide) return no("12 warps a block take no matrix of 8 K shares");
     const mk_kernel kernel = TT == 1 ? (W == 16 ? mk_pick<1, 16>(d->hd) : mk_pick<1, 12>(d->hd))
                                      : (W == 16 ? mk_pick<8, 16>(d->hd) : mk_pick<8, 12>(d->hd));
     /* 32-blocks of the widest activations, rounded so that what follows them stays 16-byte aligned */
