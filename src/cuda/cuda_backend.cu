@@ -175,19 +175,20 @@ static int upload_opt(fm_cuda_backend *b, float **dst, const float *src, size_t 
     return src ? upload_f32(b, dst, src, n, err, errlen) : 0;
 }
 
+static_assert(FM_DRAFTER_MAX_BLOCK <= FMC_DR_MAX_SLOTS, "fmc_dr_self_attention takes every block size");
+
 static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, size_t errlen) {
     const fm_drafter_hparams *hp = &d->hp;
     const int D = hp->dim, F = hp->ffn, H = hp->target_dim, K = hp->block, hd = hp->head_dim;
     if (H != b->dim || hp->feat_width != b->fw)
         return fail(err, errlen, "cuda: drafter widths do not match the target's captured features");
     if (H % 32) return fail(err, errlen, "cuda: drafter target_dim must be a multiple of 32");
+    if (D % 32 || D > FMC_LN_MOD_MAX_N)
+        return fail(err, errlen, "cuda: drafter dim must be a multiple of 32 and at most 12288");
     if (!fmc_attn_head_dim_ok(hd))
         return fail(err, errlen, "cuda: drafter head_dim must be 16, 32, 64, 128 or 256");
     if (hp->n_layers > FMC_DR_MAX_LAYERS)
         return fail(err, errlen, "cuda: drafter has more than 16 layers; the CUDA backend runs up to 16");
-    if (d->max_ctx + 1 > FMC_DR_ATT_MAX_L)
-        return fail(err, errlen,
-                    "cuda: drafter context too long for the CUDA cross-attention (40000 positions)");
     b->has_drafter = 1;
     b->dhp = *hp;
     b->dmax_ctx = d->max_ctx;
@@ -243,6 +244,7 @@ static int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, si
     DALLOC(b->dh, (size_t)R * D * 4);
     DALLOC(b->dqkv, (size_t)R * 3 * D * 4);
     DALLOC(b->datt, (size_t)R * D * 4);
+    DALLOC(b->drope, (size_t)K * (hd / 2) * sizeof(float2));
     DALLOC(b->du, (size_t)K * F * 4);
     DALLOC(b->dtmp, (size_t)H * 4);
     DALLOC(b->dhead, (size_t)K * H * 4);
@@ -789,15 +791,15 @@ void dmm(fm_cuda_backend *b, const dmat_t *w, const float *x, int ldx, int T, fl
         fmc_bf16_matmul(&w->h, x, ldx, T, y, ldy, bias, mode, gate, pdl, b->st);
 }
 
-/* dh = AdaLN(dx rows) with modulation m, as the input of product w; returns what dmm takes as x (NULL: the
- * Q8_0 activations, quantised in the same kernel). */
+/* AdaLN(dx rows) with modulation m, as the input of product w; returns what dmm takes as x: dh, or NULL for
+ * a Q8_0 matrix (its activations quantised in the same kernel, dh not written). */
 static const float *ln_mod(fm_cuda_backend *b, const dmat_t *w, const float *m, int T, int pdl) {
     const int D = b->dhp.dim;
     if (!w->is_q8) {
         fmc_ln_mod_rows(b->dx, m, m + D, T, D, b->dhp.ln_eps, b->dh, pdl, b->st);
         return b->dh;
     }
-    fmc_ln_mod_quant(b->dx, m, m + D, T, D, b->dhp.ln_eps, b->dh, b->dxq, b->dxd, pdl, b->st);
+    fmc_ln_mod_quant(b->dx, m, m + D, T, D, b->dhp.ln_eps, b->dxq, b->dxd, pdl, b->st);
     return NULL;
 }
 
@@ -871,27 +873,24 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
     dmm(b, &b->ckv, b->dh, D, 1, b->dkv, KW, NULL, FMC_BF16_STORE, NULL, pdl);
     fmc_dr_kv_rows(b->dkv, KW, 1, nh, hd, hp->n_layers, 2 * (size_t)D, D, &b->dkv_layers, hp->qk_eps,
                    b->d_dpos, 0, b->inv_freq, pdl, s);
-    /* 2. Slots at pos+1 .. pos+K from slot_input. 3. The layers. */
-    fmc_broadcast_row(b->slot_input, K, D, b->dx, pdl, s);
+    /* 2. Slots at pos+1 .. pos+K from slot_input, and their rotations. 3. The layers. */
+    fmc_dr_slots(b->slot_input, K, D, b->dx, b->d_dpos, 1, b->inv_freq, hd / 2, b->drope, pdl, s);
     for (int l = 0; l < hp->n_layers; l++) {
         const ddlayer_t *L = &b->DL[l];
         const float *m = mod_at(b, l * 3 + 0);
         const float *in = ln_mod(b, &L->sqkv, m, K, pdl);
         dmm(b, &L->sqkv, in, D, K, b->dqkv, 3 * D, NULL, FMC_BF16_STORE, NULL, pdl);
-        /* queries and keys in one launch */
-        fmc_dr_norm_rope(b->dqkv, 3 * D, K, nh, hd, L->sq_norm, L->sk_norm, hp->qk_eps, b->d_dpos, 1,
-                         b->inv_freq, pdl, s);
-        /* a Q8_0 product's input leaves the attention quantised (the bits its quantiser would give) */
+        /* the queries' and keys' norms and RoPE inside the attention; a Q8_0 product's input leaves it
+         * quantised (the bits its quantiser would give) */
         const bool so_q = L->so.is_q8 && hd % 32 == 0;
-        fmc_dr_attention(b->dqkv, 3 * D, K, b->dqkv + D, b->dqkv + 2 * D, 3 * D, NULL, NULL, NULL, K, K, nh,
-                         hd, b->datt, so_q ? b->dxq : NULL, b->dxd, pdl, s);
+        fmc_dr_self_attention(b->dqkv, 3 * D, K, nh, hd, L->sq_norm, L->sk_norm, hp->qk_eps, b->drope,
+                              b->datt, so_q ? b->dxq : NULL, b->dxd, pdl, s);
         dmm(b, &L->so, so_q ? NULL : b->datt, D, K, b->dx, D, NULL, FMC_BF16_GATE_ADD, m + 2 * D, pdl);
 
         m = mod_at(b, l * 3 + 1);
         in = ln_mod(b, &L->cq, m, K, pdl);
         dmm(b, &L->cq, in, D, K, b->dqkv, D, NULL, FMC_BF16_STORE, NULL, pdl);
-        fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, NULL, hp->qk_eps, b->d_dpos, 1, b->inv_freq, pdl,
-                         s);
+        fmc_dr_norm_rope(b->dqkv, D, K, nh, hd, L->cq_norm, hp->qk_eps, b->drope, pdl, s);
         /* the merge quantises a row's 32-blocks by warps: heads of a multiple of 32 dimensions */
         const bool co_q = L->co.is_q8 && hd % 32 == 0;
         if (co_q)

@@ -110,7 +110,8 @@ struct fm_cuda_backend {
     float *anchor_b, *head_b, *hidden_norm, *anchor_norm, *mods, *slot_input, *inv_freq;
     ddlayer_t *DL;
     float *dx, *dh, *dqkv, *datt, *du, *dtmp, *dhead, *dlogits;
-    int8_t *dxq; /* the Q8_0 matrices' quantised activations (fragment order), DRAFT_ROWS rows */
+    float2 *drope; /* [block][head_dim / 2] (cos, sin) of the draft's slots (fmc_dr_slots) */
+    int8_t *dxq;   /* the Q8_0 matrices' quantised activations (fragment order), DRAFT_ROWS rows */
     float *dxd;
     unsigned long long *dam;
     int32_t *d_anchor;

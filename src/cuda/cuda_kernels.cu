@@ -8,17 +8,10 @@
 int fmc_q8_init(void);
 int fmc_bf16_init(void);
 int fmc_attn_init(void);
-__global__ void k_dr_attention(const float *q, int ldq, const float *kf, const float *vf, int ldkv,
-                               const __half *kh, const __half *vh, const int *dL, int L0, int n_heads, int hd,
-                               float *o, int8_t *xq, float *xd);
+static int dr_init(void);
 
 int fmc_init(void) {
-    if (fmc_q8_init() || fmc_bf16_init() || fmc_attn_init()) return -1;
-    const int shm = (256 + FMC_DR_ATT_MAX_L) * (int)sizeof(float);
-    return cudaFuncSetAttribute(k_dr_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, shm) ==
-                   cudaSuccess
-               ? 0
-               : -1;
+    return fmc_q8_init() || fmc_bf16_init() || fmc_attn_init() || dr_init() ? -1 : 0;
 }
 
 int fmc_sm_count(void) {
@@ -140,14 +133,21 @@ void fmc_ln_mod_rows(const float *x, const float *scale, const float *shift, int
     fmc_launch(k_ln_mod_rows, dim3(T), dim3(256), 0, s, pdl, x, scale, shift, n, eps, y);
 }
 
-/* Row blockIdx.x, head blockIdx.y of one launch of fmc_dr_norm_rope (heads past n_heads: the second set). */
-__device__ __forceinline__ void dr_norm_rope_head(float *x, int ld, int hd, const float *w, const float *w2,
-                                                  float eps, const int *dpos, int pos0, const float *inv_freq,
-                                                  const float *v, __half *kc, __half *vc, int D) {
-    const int set = blockIdx.y * hd >= D, t = blockIdx.x, h = blockIdx.y - set * (D / hd), half = hd / 2;
+/* (cos, sin) of RoPE pair i at position p: the angle in float, its cosine and sine in double */
+__device__ __forceinline__ float2 dr_rot(float p, const float *inv_freq, int i) {
+    const float ang = p * inv_freq[i];
+    return make_float2((float)cos((double)ang), (float)sin((double)ang));
+}
+
+/* Row blockIdx.x, head blockIdx.y of one launch of fmc_dr_norm_rope (rotations rope: [T][hd / 2]) or
+ * fmc_dr_kv_rows (rope NULL: computed at the rows' positions). */
+__device__ __forceinline__ void dr_norm_rope_head(float *x, int ld, int hd, const float *w, float eps,
+                                                  const int *dpos, int pos0, const float *inv_freq,
+                                                  const float2 *rope, const float *v, __half *kc, __half *vc,
+                                                  int D) {
+    const int t = blockIdx.x, h = blockIdx.y, half = hd / 2;
     const int p0 = pos0 + (dpos ? *dpos : 0);
-    if (set) w = w2;
-    float *r = x + (size_t)t * ld + set * D + h * hd;
+    float *r = x + (size_t)t * ld + h * hd;
     double ss = 0;
     /* x and v may come from further back than the kernel before (the context's layers): through L2 */
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
@@ -160,9 +160,8 @@ __device__ __forceinline__ void dr_norm_rope_head(float *x, int ld, int hd, cons
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float a0 = __ldcg(r + 2 * i) * (w[2 * i] * rs),
                     a1 = __ldcg(r + 2 * i + 1) * (w[2 * i + 1] * rs);
-        const float ang = pf * inv_freq[i];
-        const float c = (float)cos((double)ang), sn = (float)sin((double)ang);
-        const float o0 = a0 * c - a1 * sn, o1 = a1 * c + a0 * sn;
+        const float2 cs = rope ? rope[(size_t)t * half + i] : dr_rot(pf, inv_freq, i);
+        const float o0 = a0 * cs.x - a1 * cs.y, o1 = a1 * cs.x + a0 * cs.y;
         if (kc) {
             kc[(size_t)(p0 + t) * D + h * hd + 2 * i] = __float2half_rn(o0);
             kc[(size_t)(p0 + t) * D + h * hd + 2 * i + 1] = __float2half_rn(o1);
@@ -176,12 +175,12 @@ __device__ __forceinline__ void dr_norm_rope_head(float *x, int ld, int hd, cons
             vc[(size_t)(p0 + t) * D + h * hd + i] = __float2half_rn(__ldcg(v + (size_t)t * ld + h * hd + i));
 }
 
-/* grid (T, n_heads or 2 n_heads with w2: blocks of the second set take the heads after the first). */
-__global__ void k_dr_norm_rope(float *x, int ld, int hd, const float *w, const float *w2, float eps,
-                               const int *dpos, int pos0, const float *inv_freq, int D) {
+/* grid (T, n_heads) */
+__global__ void k_dr_norm_rope(float *x, int ld, int hd, const float *w, float eps, const float2 *rope,
+                               int D) {
     pdl_trigger();
     pdl_wait();
-    dr_norm_rope_head(x, ld, hd, w, w2, eps, dpos, pos0, inv_freq, NULL, NULL, NULL, D);
+    dr_norm_rope_head(x, ld, hd, w, eps, NULL, 0, NULL, rope, NULL, NULL, NULL, D);
 }
 
 /* grid (T, n_heads, layers): layer blockIdx.z's cross keys and values into its caches. */
@@ -192,15 +191,13 @@ __global__ void k_dr_kv_layers(float *x, int ld, int hd, size_t lstride, size_t 
     pdl_wait();
     const int l = blockIdx.z;
     float *xl = x + (size_t)l * lstride;
-    dr_norm_rope_head(xl, ld, hd, L.w[l], NULL, eps, dpos, pos0, inv_freq, xl + vofs, L.kc[l], L.vc[l], D);
+    dr_norm_rope_head(xl, ld, hd, L.w[l], eps, dpos, pos0, inv_freq, NULL, xl + vofs, L.kc[l], L.vc[l], D);
 }
 
-void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, const float *w2,
-                      float eps, const int *dpos, int pos0, const float *inv_freq, int pdl, cudaStream_t s) {
-    const dim3 grid(T, w2 ? 2 * n_heads : n_heads);
+void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, float eps,
+                      const float2 *rope, int pdl, cudaStream_t s) {
     /* Each thread reads exactly the pair it writes, so the in-place update needs no barrier. */
-    fmc_launch(k_dr_norm_rope, grid, dim3(64), 0, s, pdl, x, ld, hd, w, w2, eps, dpos, pos0, inv_freq,
-               n_heads * hd);
+    fmc_launch(k_dr_norm_rope, dim3(T, n_heads), dim3(64), 0, s, pdl, x, ld, hd, w, eps, rope, n_heads * hd);
 }
 
 void fmc_dr_kv_rows(float *x, int ld, int T, int n_heads, int hd, int n_layers, size_t lstride, size_t vofs,
@@ -210,48 +207,80 @@ void fmc_dr_kv_rows(float *x, int ld, int T, int n_heads, int hd, int n_layers, 
                eps, dpos, pos0, inv_freq, n_heads * hd);
 }
 
-/* grid (n_heads, T), 128 threads: scores of all L keys in shared memory (L read from the device so that a
- * captured graph serves every position), softmax, weighted sum. */
-__global__ void k_dr_attention(const float *q, int ldq, const float *kf, const float *vf, int ldkv,
-                               const __half *kh, const __half *vh, const int *dL, int L0, int n_heads, int hd,
-                               float *o, int8_t *xq, float *xd) {
+/* Row src (hd values) of a head RMS-normed with w and rotated by rot ([hd / 2] (cos, sin)) as
+ * dr_norm_rope_head does, by one warp, into dst (shared memory). */
+__device__ __forceinline__ void dr_norm_rope_warp(const float *src, const float *w, float eps, int hd,
+                                                  const float2 *rot, float *dst) {
+    const int lane = threadIdx.x & 31, half = hd / 2;
+    float2 v[FMC_DR_HD_MAX / 64];
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < FMC_DR_HD_MAX / 64; k++) {
+        const int i = lane + 32 * k;
+        v[k] = i < half ? __ldcg((const float2 *)src + i) : make_float2(0.f, 0.f);
+        ss += (double)v[k].x * v[k].x + (double)v[k].y * v[k].y;
+    }
+    ss = warp_sum_d(ss);
+    const float rs = (float)(1.0 / sqrt(ss / hd + eps));
+#pragma unroll
+    for (int k = 0; k < FMC_DR_HD_MAX / 64; k++) {
+        const int i = lane + 32 * k;
+        if (i >= half) break;
+        const float a0 = v[k].x * (w[2 * i] * rs), a1 = v[k].y * (w[2 * i + 1] * rs);
+        const float2 cs = rot[i];
+        dst[2 * i] = a0 * cs.x - a1 * cs.y;
+        dst[2 * i + 1] = a1 * cs.x + a0 * cs.y;
+    }
+}
+
+/* grid (n_heads, T), DR_SELF_THREADS threads: the drafter's self-attention of slot t, head h over the T
+ * slots' keys, no mask: the query and the T keys normed and rotated here into shared memory, beside the T
+ * values, then scores, softmax, weighted sum of the values. One kernel where the norms and RoPE were one of
+ * their own before (~4.5 us a layer), each block norming the 16 keys it reads instead of one row. */
+enum { DR_SELF_THREADS = 256 };
+__global__ void __launch_bounds__(DR_SELF_THREADS)
+    k_dr_self_attention(const float *qkv, int ld, int T, int n_heads, int hd, const float *wq,
+                        const float *wk, float eps, const float2 *rope, float *o, int8_t *xq, float *xd) {
     extern __shared__ float dsh[];
     pdl_trigger();
-    pdl_wait(); /* q and k come from the kernel before; v from further back: read through L2 (__ldcg) */
-    float *qs = dsh, *sc = dsh + hd;
-    const int h = blockIdx.x, t = blockIdx.y, D = n_heads * hd, L = L0 + (dL ? *dL : 0);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = __ldcg(q + (size_t)t * ldq + h * hd + i);
+    pdl_wait(); /* the rows come from the kernel before */
+    const int h = blockIdx.x, t = blockIdx.y, D = n_heads * hd;
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = DR_SELF_THREADS / 32;
+    float *qs = dsh, *ks = dsh + hd, *vs = ks + (size_t)T * hd, *sc = vs + (size_t)T * hd;
+    for (int r = wi; r <= 2 * T; r += nw) { /* row 0: the query; 1 + j: key j; 1 + T + j: value j */
+        if (r > T) {
+            const float *src = qkv + (size_t)(r - 1 - T) * ld + 2 * D + h * hd;
+            for (int i = lane; i < hd; i += 32) vs[(size_t)(r - 1 - T) * hd + i] = __ldcg(src + i);
+            continue;
+        }
+        const int slot = r ? r - 1 : t;
+        const float *src = qkv + (size_t)slot * ld + (r ? D : 0) + h * hd;
+        dr_norm_rope_warp(src, r ? wk : wq, eps, hd, rope + (size_t)slot * (hd / 2),
+                          r ? ks + (size_t)(r - 1) * hd : qs);
+    }
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)hd);
-    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int j = wi; j < L; j += nw) {
+    for (int j = wi; j < T; j += nw) {
         float dot = 0.f;
-        if (kf)
-            for (int i = lane; i < hd; i += 32) dot += qs[i] * __ldcg(kf + (size_t)j * ldkv + h * hd + i);
-        else
-            for (int i = lane; i < hd; i += 32)
-                dot += qs[i] * __half2float(__ldcg(kh + (size_t)j * D + h * hd + i));
+        for (int i = lane; i < hd; i += 32) dot += qs[i] * ks[(size_t)j * hd + i];
         dot = warp_sum(dot);
         if (lane == 0) sc[j] = dot * scale;
     }
     __syncthreads();
     float m = -INFINITY;
-    for (int j = threadIdx.x; j < L; j += blockDim.x) m = fmaxf(m, sc[j]);
+    for (int j = threadIdx.x; j < T; j += DR_SELF_THREADS) m = fmaxf(m, sc[j]);
     m = block_max_f(m);
     float l = 0.f;
-    for (int j = threadIdx.x; j < L; j += blockDim.x) {
+    for (int j = threadIdx.x; j < T; j += DR_SELF_THREADS) {
         const float e = expf(sc[j] - m);
         sc[j] = e;
         l += e;
     }
     l = block_sum_f(l);
     const float inv = 1.0f / l;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    for (int i = threadIdx.x; i < hd; i += DR_SELF_THREADS) {
         float acc = 0.f;
-        if (vf)
-            for (int j = 0; j < L; j++) acc += sc[j] * __ldcg(vf + (size_t)j * ldkv + h * hd + i);
-        else
-            for (int j = 0; j < L; j++) acc += sc[j] * __half2float(__ldcg(vh + (size_t)j * D + h * hd + i));
+        for (int j = 0; j < T; j++) acc += sc[j] * vs[(size_t)j * hd + i];
         const float v = acc * inv;
         if (!xq) {
             o[(size_t)t * D + h * hd + i] = v;
@@ -261,26 +290,38 @@ __global__ void k_dr_attention(const float *q, int ldq, const float *kf, const f
          * one 32-block of the row) */
         float d;
         xq[frag_off(t, h * hd + i, D / 32)] = quant_lane(v, &d);
-        if ((threadIdx.x & 31) == 0) xd[frag_d(t, (h * hd + i) / 32, D / 32)] = d;
+        if (lane == 0) xd[frag_d(t, (h * hd + i) / 32, D / 32)] = d;
     }
 }
 
-void fmc_dr_attention(const float *q, int ldq, int T, const float *kf, const float *vf, int ldkv,
-                      const __half *kh, const __half *vh, const int *dL, int L0, int Lmax, int n_heads,
-                      int hd, float *o, int8_t *xq, float *xd, int pdl, cudaStream_t s) {
-    /* With dL, shared memory for Lmax keys, so that the launch does not depend on the position. */
-    const size_t shm = (size_t)(hd + (dL ? Lmax : L0)) * sizeof(float);
-    dim3 grid(n_heads, T);
-    fmc_launch(k_dr_attention, grid, dim3(128), shm, s, pdl, q, ldq, kf, vf, ldkv, kh, vh, dL, L0, n_heads,
-               hd, o, xq, xd);
+static int dr_init(void) {
+    const int shm = (FMC_DR_HD_MAX * (2 * FMC_DR_MAX_SLOTS + 1) + FMC_DR_MAX_SLOTS) * (int)sizeof(float);
+    return cudaFuncSetAttribute(k_dr_self_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, shm) ==
+                   cudaSuccess
+               ? 0
+               : -1;
 }
 
-__global__ void k_broadcast_row(const float *row, int n, float *x) {
+void fmc_dr_self_attention(const float *qkv, int ld, int T, int n_heads, int hd, const float *wq,
+                           const float *wk, float eps, const float2 *rope, float *o, int8_t *xq, float *xd,
+                           int pdl, cudaStream_t s) {
+    const size_t shm = ((size_t)hd * (2 * T + 1) + T) * sizeof(float);
+    fmc_launch(k_dr_self_attention, dim3(n_heads, T), dim3(DR_SELF_THREADS), shm, s, pdl, qkv, ld, T, n_heads,
+               hd, wq, wk, eps, rope, o, xq, xd);
+}
+
+/* grid (T): slot t's input row and its rotations. */
+__global__ void k_dr_slots(const float *row, int n, float *x, const int *dpos, int pos0,
+                           const float *inv_freq, int half, float2 *rope) {
     pdl_trigger();
-    pdl_wait(); /* x may still be read by the kernels before */
-    for (int i = threadIdx.x; i < n; i += blockDim.x) x[(size_t)blockIdx.x * n + i] = row[i];
+    pdl_wait(); /* x and rope may still be read by the kernels before */
+    const int t = blockIdx.x;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) x[(size_t)t * n + i] = row[i];
+    const float p = (float)(pos0 + *dpos + t);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rope[(size_t)t * half + i] = dr_rot(p, inv_freq, i);
 }
 
-void fmc_broadcast_row(const float *row, int T, int n, float *x, int pdl, cudaStream_t s) {
-    fmc_launch(k_broadcast_row, dim3(T), dim3(256), 0, s, pdl, row, n, x);
+void fmc_dr_slots(const float *row, int T, int n, float *x, const int *dpos, int pos0, const float *inv_freq,
+                  int half, float2 *rope, int pdl, cudaStream_t s) {
+    fmc_launch(k_dr_slots, dim3(T), dim3(256), 0, s, pdl, row, n, x, dpos, pos0, inv_freq, half, rope);
 }

@@ -151,7 +151,7 @@ typedef struct {
 } fmc_q8_in;
 
 /* x [T][ldx] -> RMSNorm (nw may be NULL) -> Q8_0 in fragment order, one block of 256 threads per token (a
- * fixed reduction order: a token's values never depend on T). */
+ * fixed reduction order: a token's values never depend on T), or without a norm per 1,024 values of one. */
 void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, int T, int8_t *xq, float *xd,
                   int pdl, cudaStream_t s);
 /* y[t][r] (+)= W[r] . x[t] for t < T (add: accumulate); y2 (may be NULL): a copy of the result. */
@@ -172,10 +172,12 @@ void fmc_q8_glu(const fmc_q8 *w, const fmc_q8_in *in, int T, int8_t *oq, float *
  * (FMC_BF16_STORE, _GELU, _GATE_ADD). Activations as fmc_q8_matmul (in->x: quantised first, no norm). */
 void fmc_q8_dmatmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int ldy, const float *bias,
                     int mode, const float *gate, int pdl, cudaStream_t s);
-/* The drafter's AdaLN as fmc_ln_mod_rows (y [T][n]), and y quantised into xq, xd (fragment order) for a
- * following fmc_q8_dmatmul with in->x == NULL: one kernel. */
+/* The drafter's AdaLN as fmc_ln_mod_rows computes it, quantised into xq, xd (fragment order) for a following
+ * fmc_q8_dmatmul with in->x == NULL: one kernel, the rows never stored. n % 32 == 0, n <= FMC_LN_MOD_MAX_N
+ * (a row in the default 48 KB of shared memory). */
+enum { FMC_LN_MOD_MAX_N = 12288 };
 void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, int T, int n, float eps,
-                      float *y, int8_t *xq, float *xd, int pdl, cudaStream_t s);
+                      int8_t *xq, float *xd, int pdl, cudaStream_t s);
 /* x[t] = dequantised rows ids[t] of a q8 table. */
 void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaStream_t s);
 
@@ -323,15 +325,15 @@ void fmc_rmsnorm_rows(const float *x, const float *w, int T, int n, float eps, f
 /* y = LN(x) * (1 + scale) + shift. */
 void fmc_ln_mod_rows(const float *x, const float *scale, const float *shift, int T, int n, float eps,
                      float *y, int pdl, cudaStream_t s);
-/* In place on x [T][ld] (heads at col 0): per-head RMSNorm w, interleaved RoPE (2i, 2i+1) at position
- * p0 + t, p0 = pos0 + (dpos ? *dpos : 0), angle (float)pos * inv_freq[i]. With w2, a second set of n_heads
- * heads right after the first (the keys after the queries) is done in the same launch with w2. */
-void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, const float *w2,
-                      float eps, const int *dpos, int pos0, const float *inv_freq, int pdl, cudaStream_t s);
+/* In place on x [T][ld] (heads at col 0): per-head RMSNorm w, then interleaved RoPE (2i, 2i+1) of row t by
+ * rope[t][i] (fmc_dr_slots' table). */
+void fmc_dr_norm_rope(float *x, int ld, int T, int n_heads, int hd, const float *w, float eps,
+                      const float2 *rope, int pdl, cudaStream_t s);
 /* The drafter's cross keys and values of every layer in one launch: layer l's keys are x + l * lstride (row
  * stride ld), its values x + l * lstride + vofs, its key norm L->w[l], its caches L->kc[l] / L->vc[l]. The
- * keys are normed and rotated as fmc_dr_norm_rope does (the same device code) and go to the key cache rows
- * p0 + t (f16, row stride n_heads * hd), the values to the value cache rows; x is left as it was.
+ * keys are normed as fmc_dr_norm_rope does (the same device code), rotated at position p0 + t, p0 = pos0 +
+ * (dpos ? *dpos : 0), by angle (float)(p0 + t) * inv_freq[i] (cosine and sine in double), and go to the key
+ * cache rows p0 + t (f16, row stride n_heads * hd), the values to the value cache rows; x is left as it was.
  * n_layers <= FMC_DR_MAX_LAYERS. */
 enum { FMC_DR_MAX_LAYERS = 16 };
 typedef struct {
@@ -341,15 +343,19 @@ typedef struct {
 void fmc_dr_kv_rows(float *x, int ld, int T, int n_heads, int hd, int n_layers, size_t lstride, size_t vofs,
                     const fmc_dr_kv_layers *L, float eps, const int *dpos, int pos0, const float *inv_freq,
                     int pdl, cudaStream_t s);
-/* o[t][h] = softmax(q . k / sqrt(hd)) v over L = L0 + (dL ? *dL : 0) keys, no mask; K/V f32 (ld strides) or
- * f16 caches. With dL, L may be up to Lmax <= FMC_DR_ATT_MAX_L (shared memory is sized for Lmax). With xq
- * (hd a multiple of 32), o is not written: the rows go quantised into xq, xd (fragment order, K = n_heads
- * hd), the bits fmc_q8_quant would give them. */
-#define FMC_DR_ATT_MAX_L 40000
-void fmc_dr_attention(const float *q, int ldq, int T, const float *kf, const float *vf, int ldkv,
-                      const __half *kh, const __half *vh, const int *dL, int L0, int Lmax, int n_heads,
-                      int hd, float *o, int8_t *xq, float *xd, int pdl, cudaStream_t s);
-/* x[t] = row (broadcast). */
-void fmc_broadcast_row(const float *row, int T, int n, float *x, int pdl, cudaStream_t s);
+/* The drafter's self-attention over its T slots, no mask: queries at column 0 of qkv [T][ld], keys at
+ * n_heads * hd, values at 2 n_heads * hd; queries and keys per-head RMS-normed (wq, wk, eps) and rotated
+ * by rope[t] (fmc_dr_slots' table) as fmc_dr_norm_rope does, inside the kernel (qkv is not changed);
+ * o[t][h] = softmax(q . k / sqrt(hd)) v. With xq (hd a multiple of 32), o is not written: the rows go
+ * quantised into xq, xd (fragment order, K = n_heads hd), the bits fmc_q8_quant would give them. hd <=
+ * FMC_DR_HD_MAX, T <= FMC_DR_MAX_SLOTS (its shared memory: hd (2 T + 1) + T floats). */
+enum { FMC_DR_HD_MAX = 256, FMC_DR_MAX_SLOTS = 64 };
+void fmc_dr_self_attention(const float *qkv, int ld, int T, int n_heads, int hd, const float *wq,
+                           const float *wk, float eps, const float2 *rope, float *o, int8_t *xq, float *xd,
+                           int pdl, cudaStream_t s);
+/* The draft's slots: x[t] = row (broadcast), and rope[t][i] = (cos, sin) of RoPE pair i < half at position
+ * pos0 + *dpos + t (angle as fmc_dr_kv_rows), for the layers' norms and attention to share. */
+void fmc_dr_slots(const float *row, int T, int n, float *x, const int *dpos, int pos0, const float *inv_freq,
+                  int half, float2 *rope, int pdl, cudaStream_t s);
 
 #endif

@@ -125,46 +125,77 @@ void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaSt
 
 /* ---- activations in fragment order ---- */
 
-/* Token t of x into xq / xd (fragment order): q8_quant_row (cuda_q8.cuh) for a whole block. */
-__device__ void q8_quant_token(const float *x, const float *nw, float eps, int K, int t, int8_t *xq,
-                               float *xd) {
-    q8_quant_row(x, nw, eps, K, q8_frag_sink{xq, xd, t, K >> 5}, q8_block_bar{});
-}
+/* Values a block of k_quant takes from a row without a norm: one float4 a thread. */
+enum { QUANT_CHUNK = 4 * Q8_THREADS };
 
-/* grid (T): token t of x [T][ldx]. */
+/* grid (T, chunks): token t of x [T][ldx], the whole row in one block with a norm, else QUANT_CHUNK values
+ * from blockIdx.y QUANT_CHUNK a block. One block took a row of 8,192 (the drafter's fc2 input) in 6.7 us,
+ * 8 loads a thread one after another; a 32-block's quants depend on its own values only, so the chunks give
+ * the same bits. */
 __global__ void __launch_bounds__(Q8_THREADS)
     k_quant(const float *x, int ldx, const float *nw, float eps, int K, int8_t *xq, float *xd) {
     pdl_trigger();
     pdl_wait();
-    q8_quant_token(x + (size_t)blockIdx.x * ldx, nw, eps, K, blockIdx.x, xq, xd);
+    const int t = blockIdx.x, c0 = blockIdx.y * QUANT_CHUNK;
+    q8_quant_row(x + (size_t)t * ldx + c0, nw, eps, nw ? K : min(QUANT_CHUNK, K - c0),
+                 q8_frag_sink{xq, xd, t, K >> 5, c0 >> 5}, q8_block_bar{});
 }
 
-/* grid (T): the drafter's AdaLN y = LN(x) * (1 + scale) + shift (fmc_ln_mod_rows' formulas) of token t,
- * then that row quantised (q8_quant_token) for the next Q8_0 product: one kernel instead of two. */
+/* The quantiser's source for the drafter's AdaLN: row x staged in shared memory, each value
+ * (x - mu) * r * (1 + scale) + shift as fmc_ln_mod_rows computes it (no norm of the quantiser's own). */
+struct q8_src_ln_mod {
+    const float *xs, *scale, *shift;
+    float mu, r;
+    __device__ __forceinline__ bool norm() const { return false; }
+    __device__ __forceinline__ float4 first(int) const { return make_float4(0.f, 0.f, 0.f, 0.f); }
+    __device__ __forceinline__ float4 w4(int) const { return make_float4(1.f, 1.f, 1.f, 1.f); }
+    __device__ __forceinline__ float one(float x, float sc, float sh) const {
+        return (x - mu) * r * (1.0f + sc) + sh;
+    }
+    __device__ __forceinline__ float4 x4(int i) const {
+        const float4 x = *(const float4 *)(xs + i), sc = __ldg((const float4 *)(scale + i)),
+                     sh = __ldg((const float4 *)(shift + i));
+        return make_float4(one(x.x, sc.x, sh.x), one(x.y, sc.y, sh.y), one(x.z, sc.z, sh.z),
+                           one(x.w, sc.w, sh.w));
+    }
+};
+
+/* grid (T): the drafter's AdaLN LN(x) * (1 + scale) + shift of token t, quantised (q8_quant_row_src) for the
+ * next Q8_0 product: one kernel instead of two, and one read of the row. The row is read once into shared
+ * memory (n floats), its mean and variance summed from there in double; the AdaLN's values are made where
+ * the quantiser reads them and never stored (the product takes only the quants). The row went through L2
+ * three times before (two passes, then the stored values read back): the kernel took ~8 us of a draft's
+ * layer three times over. */
 __global__ void __launch_bounds__(Q8_THREADS)
-    k_ln_mod_quant(const float *x, const float *scale, const float *shift, int n, float eps, float *y,
-                   int8_t *xq, float *xd) {
+    k_ln_mod_quant(const float *x, const float *scale, const float *shift, int n, float eps, int8_t *xq,
+                   float *xd) {
+    extern __shared__ __align__(16) float lnx[];
     __shared__ double part[Q8_WARPS];
     pdl_trigger();
     pdl_wait();
     const float *xr = x + (size_t)blockIdx.x * n;
-    float *yr = y + (size_t)blockIdx.x * n;
     double su = 0;
-    for (int i = threadIdx.x; i < n; i += Q8_THREADS) su += xr[i];
+    for (int j = threadIdx.x; j < n / 4; j += Q8_THREADS) {
+        const float4 v = ld_cg4(xr + 4 * j);
+        *(float4 *)(lnx + 4 * j) = v;
+        su += (double)v.x + (double)v.y + (double)v.z + (double)v.w;
+    }
     const double mu = group_sum_d(su, block_group{part}) / n;
     double q = 0;
-    for (int i = threadIdx.x; i < n; i += Q8_THREADS) q += (xr[i] - mu) * (xr[i] - mu);
-    q = group_sum_d(q, block_group{part});
-    const float r = (float)(1.0 / sqrt(q / n + eps)), muf = (float)mu;
-    for (int i = threadIdx.x; i < n; i += Q8_THREADS)
-        yr[i] = (xr[i] - muf) * r * (1.0f + scale[i]) + shift[i];
-    __syncthreads(); /* the block's writes of yr are visible to its threads */
-    q8_quant_token(yr, NULL, 0.0f, n, blockIdx.x, xq, xd);
+    for (int j = threadIdx.x; j < n / 4; j += Q8_THREADS) { /* the thread's own values */
+        const float4 v = *(const float4 *)(lnx + 4 * j);
+        q += (v.x - mu) * (v.x - mu) + (v.y - mu) * (v.y - mu) + (v.z - mu) * (v.z - mu) +
+             (v.w - mu) * (v.w - mu);
+    }
+    q = group_sum_d(q, block_group{part}); /* its barriers also publish lnx to the block */
+    const q8_src_ln_mod src{lnx, scale, shift, (float)mu, (float)(1.0 / sqrt(q / n + eps))};
+    q8_quant_row_src(src, 0.0f, n, q8_frag_sink{xq, xd, (int)blockIdx.x, n >> 5}, q8_block_bar{});
 }
 
 void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, int T, int n, float eps,
-                      float *y, int8_t *xq, float *xd, int pdl, cudaStream_t s) {
-    fmc_launch(k_ln_mod_quant, dim3(T), dim3(Q8_THREADS), 0, s, pdl, x, scale, shift, n, eps, y, xq, xd);
+                      int8_t *xq, float *xd, int pdl, cudaStream_t s) {
+    fmc_launch(k_ln_mod_quant, dim3(T), dim3(Q8_THREADS), (size_t)n * sizeof(float), s, pdl, x, scale, shift,
+               n, eps, xq, xd);
 }
 
 /* ---- the product ---- */
@@ -412,7 +443,8 @@ int fmc_q8_init(void) {
 
 void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, int T, int8_t *xq, float *xd,
                   int pdl, cudaStream_t s) {
-    fmc_launch(k_quant, dim3(T), dim3(Q8_THREADS), 0, s, pdl, x, ldx, nw, eps, K, xq, xd);
+    const dim3 grid(T, nw ? 1 : (K + QUANT_CHUNK - 1) / QUANT_CHUNK);
+    fmc_launch(k_quant, grid, dim3(Q8_THREADS), 0, s, pdl, x, ldx, nw, eps, K, xq, xd);
 }
 
 /* f32 input: the quantiser kernel first. Then one launch: of the narrow kernel up to 32 tokens, of the wide

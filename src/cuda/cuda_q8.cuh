@@ -110,15 +110,16 @@ __device__ __forceinline__ void q8_glu_out(const q8_args &a, int t, int fb, int 
 }
 
 /* Where the quantiser (q8_quant_row) puts a 32-block's words of quants (word m: its values 4m .. 4m + 3)
- * and its scale d: token t of xq / xd in fragment order (cuda_kernels.cuh). */
+ * and its scale d: token t of xq / xd in fragment order (cuda_kernels.cuh), NB blocks a row; the
+ * quantiser's block b is the row's b0 + b (a part of a row). */
 struct q8_frag_sink {
     int8_t *xq;
     float *xd;
-    int t, NB;
+    int t, NB, b0 = 0;
     __device__ __forceinline__ void word(int b, int m, uint32_t q) const {
-        *(uint32_t *)(xq + frag_off(t, b * 32 + 4 * m, NB)) = q;
+        *(uint32_t *)(xq + frag_off(t, (b0 + b) * 32 + 4 * m, NB)) = q;
     }
-    __device__ __forceinline__ void scale(int b, float d) const { xd[frag_d(t, b, NB)] = d; }
+    __device__ __forceinline__ void scale(int b, float d) const { xd[frag_d(t, b0 + b, NB)] = d; }
 };
 /* The quantiser's barrier: the whole block (its own kernels); the persistent kernel passes its own. */
 struct q8_block_bar {
