@@ -174,7 +174,7 @@ void fmc_q8_dmatmul(const fmc_q8 *w, const fmc_q8_in *in, int T, float *y, int l
                     int mode, const float *gate, int pdl, cudaStream_t s);
 /* The drafter's AdaLN as fmc_ln_mod_rows computes it, quantised into xq, xd (fragment order) for a following
  * fmc_q8_dmatmul with in->x == NULL: one kernel, the rows never stored. n % 32 == 0, n <= FMC_LN_MOD_MAX_N
- * (a row in the default 48 KB of shared memory). */
+ * (a row, its scale and shift in shared memory). */
 enum { FMC_LN_MOD_MAX_N = 12288 };
 void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, int T, int n, float eps,
                       int8_t *xq, float *xd, int pdl, cudaStream_t s);

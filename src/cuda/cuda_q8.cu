@@ -112,15 +112,22 @@ __device__ __forceinline__ float q8_get(const int4 *qs, const uint32_t *sc, int 
     return d * (float)t[reg * 4 + (kk & 3)];
 }
 
+/* Values of a row a block of k_embed_q8 takes: 4 a thread. One block a row took 8 us at 2,560 (a step's
+ * first kernel, and the draft's anchor), 10 loads a thread one after another. */
+enum { EMBED_CHUNK = 1024 };
+
+/* grid (T, chunks of EMBED_CHUNK), 256 threads */
 __global__ void k_embed_q8(const int4 *qs, const uint32_t *sc, int K, const int32_t *ids, float *x) {
     pdl_trigger();
-    const int t = blockIdx.x;
+    const int t = blockIdx.x, end = min(K, (int)(blockIdx.y + 1) * EMBED_CHUNK);
     const int64_t row = ids[t];
-    for (int i = threadIdx.x; i < K; i += blockDim.x) x[(size_t)t * K + i] = q8_get(qs, sc, K / 32, row, i);
+    for (int i = blockIdx.y * EMBED_CHUNK + threadIdx.x; i < end; i += blockDim.x)
+        x[(size_t)t * K + i] = q8_get(qs, sc, K / 32, row, i);
 }
 
 void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaStream_t s) {
-    k_embed_q8<<<T, 256, 0, s>>>(tab->qs, tab->sc, tab->K, ids, x);
+    k_embed_q8<<<dim3(T, (tab->K + EMBED_CHUNK - 1) / EMBED_CHUNK), 256, 0, s>>>(tab->qs, tab->sc, tab->K,
+                                                                                 ids, x);
 }
 
 /* ---- activations in fragment order ---- */
@@ -141,10 +148,12 @@ __global__ void __launch_bounds__(Q8_THREADS)
                  q8_frag_sink{xq, xd, t, K >> 5, c0 >> 5}, q8_block_bar{});
 }
 
-/* The quantiser's source for the drafter's AdaLN: row x staged in shared memory, each value
- * (x - mu) * r * (1 + scale) + shift as fmc_ln_mod_rows computes it (no norm of the quantiser's own). */
+/* The quantiser's source for the drafter's AdaLN: row x, scale and shift staged in shared memory (n floats
+ * each, one after the other at xs), each value (x - mu) * r * (1 + scale) + shift as fmc_ln_mod_rows
+ * computes it (no norm of the quantiser's own). */
 struct q8_src_ln_mod {
-    const float *xs, *scale, *shift;
+    const float *xs;
+    int n;
     float mu, r;
     __device__ __forceinline__ bool norm() const { return false; }
     __device__ __forceinline__ float4 first(int) const { return make_float4(0.f, 0.f, 0.f, 0.f); }
@@ -153,8 +162,8 @@ struct q8_src_ln_mod {
         return (x - mu) * r * (1.0f + sc) + sh;
     }
     __device__ __forceinline__ float4 x4(int i) const {
-        const float4 x = *(const float4 *)(xs + i), sc = __ldg((const float4 *)(scale + i)),
-                     sh = __ldg((const float4 *)(shift + i));
+        const float4 x = *(const float4 *)(xs + i), sc = *(const float4 *)(xs + n + i),
+                     sh = *(const float4 *)(xs + 2 * n + i);
         return make_float4(one(x.x, sc.x, sh.x), one(x.y, sc.y, sh.y), one(x.z, sc.z, sh.z),
                            one(x.w, sc.w, sh.w));
     }
@@ -162,7 +171,8 @@ struct q8_src_ln_mod {
 
 /* grid (T): the drafter's AdaLN LN(x) * (1 + scale) + shift of token t, quantised (q8_quant_row_src) for the
  * next Q8_0 product: one kernel instead of two, and one read of the row. The row is read once into shared
- * memory (n floats), its mean and variance summed from there in double; the AdaLN's values are made where
+ * memory, with the modulation's scale and shift in the same round trip (3 n floats), its mean and variance
+ * summed from there in double; the AdaLN's values are made where
  * the quantiser reads them and never stored (the product takes only the quants). The row went through L2
  * three times before (two passes, then the stored values read back): the kernel took ~8 us of a draft's
  * layer three times over. */
@@ -178,6 +188,8 @@ __global__ void __launch_bounds__(Q8_THREADS)
     for (int j = threadIdx.x; j < n / 4; j += Q8_THREADS) {
         const float4 v = ld_cg4(xr + 4 * j);
         *(float4 *)(lnx + 4 * j) = v;
+        *(float4 *)(lnx + n + 4 * j) = __ldg((const float4 *)(scale + 4 * j));
+        *(float4 *)(lnx + 2 * n + 4 * j) = __ldg((const float4 *)(shift + 4 * j));
         su += (double)v.x + (double)v.y + (double)v.z + (double)v.w;
     }
     const double mu = group_sum_d(su, block_group{part}) / n;
@@ -188,14 +200,14 @@ __global__ void __launch_bounds__(Q8_THREADS)
              (v.w - mu) * (v.w - mu);
     }
     q = group_sum_d(q, block_group{part}); /* its barriers also publish lnx to the block */
-    const q8_src_ln_mod src{lnx, scale, shift, (float)mu, (float)(1.0 / sqrt(q / n + eps))};
+    const q8_src_ln_mod src{lnx, n, (float)mu, (float)(1.0 / sqrt(q / n + eps))};
     q8_quant_row_src(src, 0.0f, n, q8_frag_sink{xq, xd, (int)blockIdx.x, n >> 5}, q8_block_bar{});
 }
 
 void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, int T, int n, float eps,
                       int8_t *xq, float *xd, int pdl, cudaStream_t s) {
-    fmc_launch(k_ln_mod_quant, dim3(T), dim3(Q8_THREADS), (size_t)n * sizeof(float), s, pdl, x, scale, shift,
-               n, eps, xq, xd);
+    fmc_launch(k_ln_mod_quant, dim3(T), dim3(Q8_THREADS), (size_t)3 * n * sizeof(float), s, pdl, x, scale,
+               shift, n, eps, xq, xd);
 }
 
 /* ---- the product ---- */
@@ -420,6 +432,8 @@ int fmc_q8_init(void) {
 #define X(m, rd, xs) smem_limit(k_q8_gemv<m, rd, xs>);
     Q8_GEMV_KERNELS(X)
 #undef X
+    bad |= cudaFuncSetAttribute(k_ln_mod_quant, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                3 * FMC_LN_MOD_MAX_N * (int)sizeof(float)) != cudaSuccess;
     if (getenv("FMC_Q8_GEMV")) gemv_parse(g_gemv[0], getenv("FMC_Q8_GEMV"));
     if (getenv("FMC_Q8_GEMV8")) gemv_parse(g_gemv[1], getenv("FMC_Q8_GEMV8"));
     const char *e = getenv("FMC_Q8_MAXB");

@@ -99,6 +99,19 @@ template <int MODE> __device__ __forceinline__ void q8_out(const q8_args &a, int
     q8_put(a, row, t, v);
 }
 
+/* What Q8_DGATE's output (row, t) reads besides its sum: the value it adds to, the gate and the bias. */
+struct q8_gate_in {
+    float old, gate, bias;
+};
+__device__ __forceinline__ q8_gate_in q8_gate_load(const q8_args &a, int row, int t) {
+    return {ld_cg(a.y + (size_t)t * a.ldy + row), a.gate[row], a.bias ? a.bias[row] : 0.0f};
+}
+/* q8_out<Q8_DGATE> from values q8_gate_load read earlier: the same operations. */
+__device__ __forceinline__ void q8_out_gate(const q8_args &a, int row, int t, float v, const q8_gate_in &g) {
+    if (a.bias) v = __fadd_rn(v, g.bias);
+    a.y[(size_t)t * a.ldy + row] = __fmaf_rn(g.gate, v, g.old);
+}
+
 /* GLU: one warp, token t, features 32 fb + lane (gate value gv, up value uv): silu(gv) * uv quantised to
  * Q8_0 into a.oq / a.od (fragment order, FB = F/32 blocks). */
 __device__ __forceinline__ void q8_glu_out(const q8_args &a, int t, int fb, int FB, float gv, float uv) {

@@ -359,6 +359,19 @@ __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned b
 
     static_assert(!CL || MODE >= Q8_DSTORE, "clusters for the drafter's modes only (q8_cluster_off)");
     float *cs = CL ? (float *)(smem + q8_cluster_off(nwarps, NT, RD > 0)) : nullptr;
+    /* The drafter's gated add reads the residual it adds to, the gate and the bias: loaded before the merge
+     * by the warps that may store (with clusters block 0's only), so that their L2 round trip overlaps the
+     * merge's barriers instead of following them. */
+    q8_gate_in pre[MODE == Q8_DGATE ? NT : 1][4];
+    if constexpr (MODE == Q8_DGATE)
+        if (active && i == 0 && (!CL || kci == 0))
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int row = tile * 16 + g + (j >> 1) * 8, t = 8 * n + 2 * c + (j & 1);
+                    if (t < T && row < a.N) pre[n][j] = q8_gate_load(a, row, t);
+                }
     const int fin = gemm_merge<NT, CL>(acc, sp, group, kci, red, cs);
     if (fin < 0) return;
     if (MODE == Q8_GLU) {
@@ -384,7 +397,11 @@ __device__ __forceinline__ void q8_gemm_block(const q8_args &a, const unsigned b
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int row = tile * 16 + g + (j >> 1) * 8, t = 8 * n + 2 * c + (j & 1);
-            if (t < T && row < a.N) q8_out<MODE>(a, row, t, acc[n][j]);
+            if (t >= T || row >= a.N) continue;
+            if constexpr (MODE == Q8_DGATE)
+                q8_out_gate(a, row, t, acc[n][j], pre[n][j]);
+            else
+                q8_out<MODE>(a, row, t, acc[n][j]);
         }
 }
 
