@@ -32,7 +32,7 @@ void fmc_qk_norm_rope_kv(const float *qkv, int T, int n_heads, int n_kv, int hd,
 }
 
 /* The launch shapes. FMC_ATT_SHORT: blocks of 8 warps holding 128 queries (a whole verify block), 16 per KV
- * head. FMC_ATT_LONG (past 960 positions: cuda_backend.cu's ATT_LONG_FROM and its sweep), for
+ * head. FMC_ATT_LONG (past 960 positions: cuda_backend_state.h's ATT_LONG_FROM and its sweep), for
  * launches of up to 64 queries a KV head (steps, the drafter's 16 slots, verify blocks of up to 64 / G
  * rows): the smallest block whose 16-query tiles hold them, at least 2 warps (both load; one computes when
  * the queries fit one tile), 128 warps per KV head in all. Measured on the H200, plain steps alternated

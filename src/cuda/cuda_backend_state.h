@@ -1,8 +1,10 @@
-/* cuda_backend_state.h: the CUDA backend's state (struct fm_cuda_backend) and the few functions of
- * cuda_backend.cu that its diagnostics (cuda_backend_debug.cu: the hooks of cuda_debug.h for tests and
- * benchmarks) call. Private to those two files. */
+/* cuda_backend_state.h: the CUDA backend's state (struct fm_cuda_backend) and the functions that its files
+ * share: cuda_backend.cu (the target, graphs, sampling, the backend's ops), cuda_drafter.cu (the drafter) and
+ * cuda_backend_debug.cu (the hooks of cuda_debug.h for tests and benchmarks). Private to those files. */
 #ifndef FM_CUDA_BACKEND_STATE_H
 #define FM_CUDA_BACKEND_STATE_H
+
+#include <stdio.h>
 
 #include <vector>
 
@@ -125,6 +127,78 @@ struct fm_cuda_backend {
 
 /* How steps use the persistent kernel (use_mk): never, always, while the attention takes its short form. */
 enum { MK_OFF, MK_ALWAYS, MK_SHORT };
+
+/* ---- what cuda_backend.cu and cuda_drafter.cu share ---- */
+
+/* Functions that take (char *err, size_t errlen): a failed CUDA call writes its message and returns -1. */
+#define CK(call)                                                                                             \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            snprintf(err, errlen, "cuda: %s failed: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__,    \
+                     __LINE__);                                                                              \
+            return -1;                                                                                       \
+        }                                                                                                    \
+    } while (0)
+
+static inline int fail(char *err, size_t errlen, const char *msg) {
+    snprintf(err, errlen, "%s", msg);
+    return -1;
+}
+
+static inline int dalloc(fm_cuda_backend *b, void **p, size_t bytes, char *err, size_t errlen) {
+    *p = NULL;
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cuda: out of device memory for %zu bytes (%s)", bytes, cudaGetErrorString(e));
+        return -1;
+    }
+    b->allocs->push_back(*p);
+    return 0;
+}
+#define DALLOC(ptr, bytes)                                                                                   \
+    do {                                                                                                     \
+        void *p_;                                                                                            \
+        if (dalloc(b, &p_, (bytes), err, errlen)) return -1;                                                 \
+        ptr = (decltype(ptr))p_;                                                                             \
+    } while (0)
+
+/* The attention form for a forward or draft whose longest row attends to n positions: the long-context
+ * form past ATT_LONG_FROM (fmc_attention_q8). On the H200 (plain steps, both forms in one device call, three
+ * rounds) the short form was 2.2 % faster at 640 and 768 positions, equal at 896, 1.8 % slower at 1024 and
+ * 3.5 % at 1536, 21 % at 16k. Both forms give the same bits, so where a decode switches changes no token. */
+enum { ATT_LONG_FROM = 960 };
+static inline int att_form_at(int n) {
+    return n > ATT_LONG_FROM ? FMC_ATT_LONG : FMC_ATT_SHORT;
+}
+
+int upload_f32(fm_cuda_backend *b, float **dst, const float *src, size_t n, char *err, size_t errlen);
+/* Uploads the Q8_0 matrices parts[0..n) stacked by rows into one tiled matrix (glu: [gate; up] of
+ * fmc_q8_glu); upload_bf16 the same for BF16. */
+int upload_q8(fm_cuda_backend *b, fmc_q8 *dst, const fm_matrix *const *parts, int n, int glu,
+              const char *what, char *err, size_t errlen);
+int upload_bf16(fm_cuda_backend *b, fmc_bf16 *dst, const fm_matrix *const *parts, int n, const char *what,
+                char *err, size_t errlen);
+/* Captures fn(b, T, mode) into an executable graph. */
+int capture(fm_cuda_backend *b, void (*fn)(fm_cuda_backend *, int, int), int T, int mode,
+            cudaGraphExec_t *out, char *err, size_t errlen);
+/* Draws rows 0..rows-1 of logits (row r at position pos0 + r; am: their argmax) with the backend's sampling
+ * into out. */
+int sample_rows(fm_cuda_backend *b, const float *logits, const unsigned long long *am, int rows, int pos0,
+                int32_t *out, char *err, size_t errlen);
+/* Room for n penalty entries, on the host and on the GPU. */
+int reserve_penalties(fm_cuda_backend *b, int n, char *err, size_t errlen);
+/* Applies the lists at h_pen (k entries, row r's from h_pen_off[r]) to rows 0..rows-1 of logits in place
+ * and recomputes their argmax into am. */
+int apply_penalties(fm_cuda_backend *b, float *logits, unsigned long long *am, int rows, int k, char *err,
+                    size_t errlen);
+
+/* cuda_drafter.cu: the drafter's weights and buffers; the draft graph's shape g (0: the head for 8 slots, 1:
+ * for the whole block), captured with `graph` if it is not yet; the backend's commit_features and draft. */
+int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, size_t errlen);
+int draft_shape(fm_cuda_backend *b, int g, int graph, char *err, size_t errlen);
+int cu_commit_features(void *ctx, int n, int start, char *err, size_t errlen);
+int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *err, size_t errlen);
 
 /* Waits for the stream, then destroys every captured graph (a setting they depend on changed). */
 void drop_graphs(fm_cuda_backend *b);

@@ -1,6 +1,7 @@
-/* cuda_kernels.cuh: host launchers of the CUDA backend's kernels, called by cuda_backend.cu. One kernel
- * family per .cu file: cuda_q8.cu (Q8_0 weights), cuda_bf16.cu (BF16 weights), cuda_attn.cu (the target's
- * attention), cuda_kernels.cu (norms, RoPE, argmax and the drafter's element-wise kernels).
+/* cuda_kernels.cuh: host launchers of the CUDA backend's kernels, called by cuda_backend.cu and
+ * cuda_drafter.cu. One kernel family per .cu file: cuda_q8.cu (Q8_0 weights), cuda_bf16.cu (BF16 weights),
+ * cuda_attn.cu (the target's attention), cuda_kernels.cu (norms, RoPE, argmax and the drafter's element-wise
+ * kernels).
  *
  * Layouts (device memory):
  *   q8 matrix   [ceil(N/16)][K/32] tiles of 16 rows x one Q8_0 block, each the 512 quant bytes in the
