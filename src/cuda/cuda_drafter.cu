@@ -44,8 +44,7 @@ int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, size_t er
     if (H != b->dim || hp->feat_width != b->fw)
         return fail(err, errlen, "cuda: drafter widths do not match the target's captured features");
     if (H % 32) return fail(err, errlen, "cuda: drafter target_dim must be a multiple of 32");
-    if (D % 32 || D > FMC_LN_MOD_MAX_N)
-        return fail(err, errlen, "cuda: drafter dim must be a multiple of 32 and at most 12288");
+
     if (!fmc_attn_head_dim_ok(hd))
         return fail(err, errlen, "cuda: drafter head_dim must be 16, 32, 64, 128 or 256");
     if (hp->n_layers > FMC_DR_MAX_LAYERS)
@@ -136,10 +135,10 @@ void dmm(fm_cuda_backend *b, const dmat_t *w, const float *x, int ldx, int T, fl
 }
 
 /* AdaLN(dx rows) with modulation m, as the input of product w; returns what dmm takes as x: dh, or NULL for
- * a Q8_0 matrix (its activations quantised in the same kernel, dh not written). */
+ * a Q8_0 matrix (its activations quantised in the same kernel, dh not written) whose row fits that kernel. */
 static const float *ln_mod(fm_cuda_backend *b, const dmat_t *w, const float *m, int T, int pdl) {
     const int D = b->dhp.dim;
-    if (!w->is_q8) {
+    if (!w->is_q8 || D > FMC_LN_MOD_MAX_N) {
         fmc_ln_mod_rows(b->dx, m, m + D, T, D, b->dhp.ln_eps, b->dh, pdl, b->st);
         return b->dh;
     }
