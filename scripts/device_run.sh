@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # device_run.sh: what runs on the GPU machine: builds the library subset the device harness needs (no CLI, no
 # libcurl, no libcrypto: the machine has no network and may lack the -dev packages; cJSON / PCRE2 / utf8proc
-# come from the carried .devdeps folder) plus the CUDA backend, then runs the parity test, compute-sanitizer on a short run,
-# the full-size benchmark, the persistent-kernel probe and the PyTorch peer.
+# come from the carried .devdeps folder, which scripts/device_pack.sh fills) plus the CUDA backend, then runs
+# the parity test, compute-sanitizer on a short run, the full-size benchmark, the persistent-kernel probe and
+# the PyTorch peer.
 # usage: scripts/device_run.sh [parity|sanitize|bench|long|probe|persist|mega|peer|llama-build|llama|ab]...
 # mega: the persistent step kernel (src/cuda/cuda_megakernel.cu): plain steps with it off and on, alternated in
 #   one process (FM_BENCH_MEGA_AB), and its phase clock (FM_BENCH_MEGA_TRACE: each product's time by the blocks'
