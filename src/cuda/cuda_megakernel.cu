@@ -24,9 +24,11 @@
  * its heads' q/k norms, RoPE and KV write] | [merge + quantise] | [wo, += x] | [RMSNorm + quantise] [gate/up
  * + SiLU * up + quantise] | [down, += x (and the captured copy)] |, where | is a grid barrier. A verify block
  * (k_megakernel<HD, 8>) differs where T rows would cost T times a step's chains: block t norms row t | then
- * every block loads the T rows (each block norming all T took 9-12 us a phase against 4.4: bench/RESULTS.md),
- * and the q/k norms of every (row, head) are a phase of their own before the attention's barrier. The
- * embedding lookup before and the final norm, lm_head and argmax after stay kernels of their own. */
+ * every block loads the T rows, quantised (each block norming all T took 9-12 us a phase against 4.4, however
+ * its warps shared the work: 132 blocks reading the f32 rows move 4x the bytes through L2; bench/RESULTS.md,
+ * thirtieth and forty-first sessions), and the q/k norms of every (row, head) are a phase of their own before
+ * the attention's barrier. The embedding lookup before and the final norm, lm_head and argmax after stay
+ * kernels of their own. */
 #include <stdio.h>
 #include <stdlib.h>
 
