@@ -82,23 +82,6 @@ __device__ __forceinline__ void q8_put(const q8_args &a, int row, int t, float v
     a.y[(size_t)t * a.ldy + row] = v;
     if (a.y2) a.y2[(size_t)t * a.ldy2 + row] = v;
 }
-/* The final value v of (row, token t) of a non-GLU mode into its output. */
-template <int MODE> __device__ __forceinline__ void q8_out(const q8_args &a, int row, int t, float v) {
-    float *o = a.y + (size_t)t * a.ldy + row;
-    if (MODE >= Q8_DSTORE) { /* as fmc_bf16_matmul's epilogues */
-        if (a.bias) v = __fadd_rn(v, a.bias[row]);
-        if (MODE == Q8_DGELU)
-            *o = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-        else if (MODE == Q8_DGATE)
-            *o = __fmaf_rn(a.gate[row], v, ld_cg(o));
-        else
-            *o = v;
-        return;
-    }
-    if (MODE == Q8_ADD) v = __fadd_rn(ld_cg(o), v);
-    q8_put(a, row, t, v);
-}
-
 /* What Q8_DGATE's output (row, t) reads besides its sum: the value it adds to, the gate and the bias. */
 struct q8_gate_in {
     float old, gate, bias;
@@ -106,10 +89,26 @@ struct q8_gate_in {
 __device__ __forceinline__ q8_gate_in q8_gate_load(const q8_args &a, int row, int t) {
     return {ld_cg(a.y + (size_t)t * a.ldy + row), a.gate[row], a.bias ? a.bias[row] : 0.0f};
 }
-/* q8_out<Q8_DGATE> from values q8_gate_load read earlier: the same operations. */
+/* Q8_DGATE's epilogue (as fmc_bf16_matmul's) from what q8_gate_load read, earlier or just before. */
 __device__ __forceinline__ void q8_out_gate(const q8_args &a, int row, int t, float v, const q8_gate_in &g) {
     if (a.bias) v = __fadd_rn(v, g.bias);
     a.y[(size_t)t * a.ldy + row] = __fmaf_rn(g.gate, v, g.old);
+}
+
+/* The final value v of (row, token t) of a non-GLU mode into its output. */
+template <int MODE> __device__ __forceinline__ void q8_out(const q8_args &a, int row, int t, float v) {
+    if (MODE == Q8_DGATE) {
+        q8_out_gate(a, row, t, v, q8_gate_load(a, row, t));
+        return;
+    }
+    float *o = a.y + (size_t)t * a.ldy + row;
+    if (MODE >= Q8_DSTORE) { /* as fmc_bf16_matmul's epilogues */
+        if (a.bias) v = __fadd_rn(v, a.bias[row]);
+        *o = MODE == Q8_DGELU ? 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)) : v;
+        return;
+    }
+    if (MODE == Q8_ADD) v = __fadd_rn(ld_cg(o), v);
+    q8_put(a, row, t, v);
 }
 
 /* GLU: one warp, token t, features 32 fb + lane (gate value gv, up value uv): silu(gv) * uv quantised to
