@@ -1,7 +1,8 @@
 /* bench_cuda.c: the CUDA backend on the full-size synthetic pair (Qwen3-4B-shaped Q8_0 target, FlashMap-
  * Qwen3-4B-shaped BF16 drafter), synthesized into WORKDIR on first use. Reports device-to-device copy
  * bandwidth, plain decode tok/s and its share of the roofline (weights + KV bytes per step / copy bandwidth),
- * verify(8), verify(17) and draft time relative to a step, and end-to-end tok/s at simulated acceptance;
+ * verify(8), verify(17) and draft time relative to a step, and end-to-end tok/s at simulated acceptance
+ * (with the adaptive width: the widths chosen, and a round's time split into drafter, verify and the rest);
  * then (unless FM_BENCH_BF16_ONLY is set) the drafter rows again in the same process with the drafter's
  * Q8_0 copy (fm_drafter_quantize_q8_0, what --draft-weights q8_0 uploads), on a fresh backend.
  * FM_BENCH_QUICK: the plain steps only; FM_BENCH_TARGET_ONLY: no drafter rows.
@@ -186,6 +187,15 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
                        means[mi]);
                 for (int r = 0; r < n_trace; r++) printf(" %d", trace[r].verified);
                 printf("\n");
+                /* where a round's time goes: the drafter (the draft, and the context rows of the round
+                 * before it, which the draft lines above do not include), the verify block, the rest
+                 * (the loop's own work, plain steps) */
+                const double rn = st.rounds > 0 ? st.rounds : 1;
+                printf("RESULT [%s]   adaptive%s time at %.1f: a round %.3f ms = drafter %.3f + verify %.3f "
+                       "+ rest %.3f; %d plain steps\n",
+                       tag, verifies[vi] ? " g=1" : "", means[mi], 1e3 * st.decode_s / rn,
+                       1e3 * st.draft_s / rn, 1e3 * st.verify_s / rn,
+                       1e3 * (st.decode_s - st.draft_s - st.verify_s) / rn, st.plain_steps);
             }
             free(ids);
         }
