@@ -225,6 +225,7 @@ static int create_target(fm_cuda_backend *b, const qwen3_model *m, int n_ctx, in
 extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     if (!b) return;
     if (b->st) cudaStreamSynchronize(b->st);
+    free_side(b);
     for (int i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graphs[i].exec);
     for (auto &shape : b->draft_exec)
         for (cudaGraphExec_t &e : shape)
@@ -282,12 +283,10 @@ static int splits(fm_cuda_backend *b, fmc_split **out, int *N) {
     return n;
 }
 
-/* One split-K scratch and one set of arrival counters (zero) for all products: they run one at a time. */
-static int attach_scratch(fm_cuda_backend *b, char *err, size_t errlen) {
-    const int cap = 1 + 4 * b->n_layers + (b->has_drafter ? 4 + 6 * b->dhp.n_layers : 0);
-    std::vector<fmc_split *> sp(cap);
-    std::vector<int> N(cap);
-    const int n = splits(b, sp.data(), N.data());
+/* Split-K scratch and arrival counters (zero) for products split lists sp[0 .. n-1], which run one at a time.
+ */
+static int share_scratch(fm_cuda_backend *b, fmc_split *const *sp, const int *N, int n, char *err,
+                         size_t errlen) {
     size_t part = 1;
     int cnt = 1;
     for (int i = 0; i < n; i++) {
@@ -297,11 +296,35 @@ static int attach_scratch(fm_cuda_backend *b, char *err, size_t errlen) {
         part = std::max(part, p);
         cnt = std::max(cnt, c);
     }
-    DALLOC(b->gemm_part, part * 4);
-    DALLOC(b->gemm_cnt, (size_t)cnt * 4);
-    CK(cudaMemset(b->gemm_cnt, 0, (size_t)cnt * 4));
-    for (int i = 0; i < n; i++) sp[i]->part = b->gemm_part, sp[i]->cnt = b->gemm_cnt;
+    float *dpart;
+    unsigned *dcnt;
+    DALLOC(dpart, part * 4);
+    DALLOC(dcnt, (size_t)cnt * 4);
+    CK(cudaMemset(dcnt, 0, (size_t)cnt * 4));
+    for (int i = 0; i < n; i++) sp[i]->part = dpart, sp[i]->cnt = dcnt;
     return 0;
+}
+
+/* One scratch for all products of the main stream, one for the drafter's side stream (fc, anchor_proj and
+ * the cross K/V: context rows and a draft's anchor slot, beside the main stream's products). */
+static int attach_scratch(fm_cuda_backend *b, char *err, size_t errlen) {
+    const int cap = 1 + 4 * b->n_layers + (b->has_drafter ? 4 + 6 * b->dhp.n_layers : 0);
+    std::vector<fmc_split *> sp(cap);
+    std::vector<int> N(cap);
+    const int n = splits(b, sp.data(), N.data());
+    std::vector<fmc_split *> main_sp, side_sp;
+    std::vector<int> main_n, side_n;
+    for (int i = 0; i < n; i++) {
+        const bool side =
+            b->has_drafter && (sp[i] == dmat_split(&b->fc) || sp[i] == dmat_split(&b->anchor_proj) ||
+                               sp[i] == dmat_split(&b->ckv));
+        (side ? side_sp : main_sp).push_back(sp[i]);
+        (side ? side_n : main_n).push_back(N[i]);
+    }
+    if (share_scratch(b, main_sp.data(), main_n.data(), (int)main_sp.size(), err, errlen)) return -1;
+    return side_sp.empty()
+               ? 0
+               : share_scratch(b, side_sp.data(), side_n.data(), (int)side_sp.size(), err, errlen);
 }
 
 static int warm_graphs(fm_cuda_backend *b, char *err, size_t errlen);

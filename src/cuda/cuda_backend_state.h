@@ -46,9 +46,7 @@ struct fm_cuda_backend {
     int n_layers, dim, n_heads, n_kv, hd, ffn, vocab, q_dim, kv_dim;
     float eps;
     int n_ctx, max_eval, n_capture, fw, max_splits, rows_cap, maxK;
-    int *cap_slot;    /* [n_layers] */
-    float *gemm_part; /* split-K scratch shared by every product (fmc_split) */
-    unsigned *gemm_cnt;
+    int *cap_slot; /* [n_layers] */
     int pos;
     cudaStream_t st;
     std::vector<void *> *allocs;
@@ -115,6 +113,15 @@ struct fm_cuda_backend {
     float2 *drope; /* [block][head_dim / 2] (cos, sin) of the draft's slots (fmc_dr_slots) */
     int8_t *dxq;   /* the Q8_0 matrices' quantised activations (fragment order), DRAFT_ROWS rows */
     float *dxd;
+    /* The side stream: context rows (drafter_extend) and a draft's anchor slot run there, beside the main
+     * stream's first layer up to its cross-attention, with buffers of their own (rows of fc / anchor_proj,
+     * their norm, their products' quantised activations). ev_main: the main stream's work so far (the side
+     * stream's start); ev_ctx: the last context rows written; ev_fork / ev_join: a draft's side branch. */
+    cudaStream_t st2;
+    cudaEvent_t ev_main, ev_ctx, ev_fork, ev_join;
+    float *dsx, *dsh;
+    int8_t *dsxq;
+    float *dsxd;
     unsigned long long *dam;
     int32_t *d_anchor;
     int *d_dpos;
@@ -207,7 +214,10 @@ void dmm(fm_cuda_backend *b, const dmat_t *w, const float *x, int ldx, int T, fl
          const float *bias, int mode, const float *gate, int pdl);
 /* The pending feature rows into the drafter's context (drafter_extend), if any. */
 int flush_pending(fm_cuda_backend *b, char *err, size_t errlen);
-/* n feature rows of src (rows of fw) into the drafter's context cache at start. */
+/* n feature rows of src (rows of fw) into the drafter's context cache at start: on the side stream, after
+ * the main stream's work so far; the main stream's later work waits for it. */
 int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start, char *err, size_t errlen);
+/* The side stream and its events and buffers (create_drafter; fm_cuda_backend_free releases them). */
+void free_side(fm_cuda_backend *b);
 
 #endif
