@@ -86,11 +86,12 @@ void fmc_q8_plan(fmc_q8 *w, int per_sm, int below) {
  * pays where the memory is fast for the SMs. Same builds, process by process (bench/RESULTS.md,
  * thirty-eighth and thirty-ninth sessions): an H200 (37 GB/s an SM) step 1.868 -> 1.803-1.809 ms; an H100
  * (25 GB/s an SM) 2.178-2.182 -> 2.222-2.225 ms, its verify blocks up to 6 % slower. So 8 from 31 GB/s an SM;
- * FMC_Q8_W8=0 / 1 keeps 4 / takes 8 on any device (experiments). */
+ * FMC_Q8_W8=0 / 1 keeps 4 / takes 8 on any device (experiments); without it FMC_MEGA_WARPS=12 keeps 4, the
+ * form 12 warps take (alone it left every matrix of 8 shares, which 12 warps refuse, to the kernels). */
 void fmc_q8_widen(fmc_q8 *w) {
     const int NB = w->K / 32, NT16 = (w->N + 15) / 16;
-    const char *e = getenv("FMC_Q8_W8");
-    if (e ? atoi(e) == 0 : fmc_mem_gbps_per_sm() < 31.0) return;
+    const char *e = getenv("FMC_Q8_W8"), *mw = getenv("FMC_MEGA_WARPS");
+    if (e ? atoi(e) == 0 : (mw && atoi(mw) == 12) || fmc_mem_gbps_per_sm() < 31.0) return;
     if (w->sp.kc == 1 && w->sp.w == 4 && NT16 <= 2 * fmc_sm_count() && NB % 8 == 0 && NB / 8 >= 8)
         w->sp.w = 8;
 }
