@@ -388,26 +388,25 @@ int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *
         snprintf(err, errlen, "drafter: anchor token %d outside the vocabulary of %d", (int)anchor, b->vocab);
         return -1;
     }
-    cudaStream_t s = b->st;
-    /* the context rows on the side stream, which the draft's graph waits for; where no draft follows, the
-     * main stream does (the rows read the pending features, which the next commit overwrites) */
-    if (flush_rows(b, false, err, errlen)) return -1;
-    if (pos < 0 || pos > b->dlength || pos >= b->dmax_ctx) {
-        CK(cudaStreamWaitEvent(s, b->ev_ctx, 0));
+    /* the context rows held once the pending ones are in */
+    const int held = b->pend_rows ? b->pend_start + b->pend_rows : b->dlength;
+    if (pos < 0 || pos > held || pos >= b->dmax_ctx) {
         snprintf(err, errlen, "drafter: anchor position %d, expected 0..%d (context rows held) and < %d", pos,
-                 b->dlength, b->dmax_ctx);
+                 held, b->dmax_ctx);
         return -1;
     }
+    cudaStream_t s = b->st;
+    const int g = n_out > 8 || K <= 8;
+    b->att_form = att_form_at(pos + 1);
+    if (draft_shape(b, g, b->use_graphs, err, errlen)) return -1;
+    /* Nothing fails past here but the device: the context rows go to the side stream unjoined, as the
+     * draft's graph waits for them itself (they read the pending features, which the next commit
+     * overwrites only after the draft has been read back). */
+    if (flush_rows(b, false, err, errlen)) return -1;
     b->h_ids[0] = anchor;
     *b->h_pos = pos;
     CK(cudaMemcpyAsync(b->d_anchor, b->h_ids, 4, cudaMemcpyHostToDevice, s));
     CK(cudaMemcpyAsync(b->d_dpos, b->h_pos, 4, cudaMemcpyHostToDevice, s));
-    const int g = n_out > 8 || K <= 8;
-    b->att_form = att_form_at(pos + 1);
-    if (draft_shape(b, g, b->use_graphs, err, errlen)) {
-        cudaStreamWaitEvent(s, b->ev_ctx, 0);
-        return -1;
-    }
     if (b->use_graphs)
         CK(cudaGraphLaunch(b->draft_exec[g][b->att_form], s));
     else
