@@ -482,8 +482,9 @@ int main(int argc, char **argv) {
         static const char *names[] = {"qkv (+RMSNorm, quantise)",           "wo",
                                       "gate/up (+RMSNorm, SiLU, quantise)", "down",
                                       "lm_head (+RMSNorm, quantise)",       "attention (splits + merge)"};
-        /* 128 and CHUNK rows: prefill chunks (the wide product kernel; its int8 rate in TOP/s) */
-        const int Ts[] = {1, 8, 17, 128, CHUNK};
+        /* 16 rows: a whole-block draft's lm_head; 128 and CHUNK rows: prefill chunks (the wide product
+         * kernel; its int8 rate in TOP/s) */
+        const int Ts[] = {1, 8, 16, 17, 128, CHUNK};
         int32_t in = next;
         G.eval(G.ctx, &in, 1, 0, NULL, err, sizeof err); /* position NP + 1: a cache row to attend to */
         for (int k = 0; k < 6; k++)

@@ -64,6 +64,11 @@ extern "C" void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on) {
     fmc_q8_set_reg_all(on);
 }
 
+extern "C" void fm_cuda_debug_set_q8_rows_all(fm_cuda_backend *b, int on) {
+    drop_graphs(b);
+    fmc_q8_set_rows_all(on);
+}
+
 extern "C" int fm_cuda_debug_set_mega(fm_cuda_backend *b, int mode) {
     if (mode < 0) return b->use_mk;
     drop_graphs(b);

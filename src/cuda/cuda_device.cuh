@@ -171,6 +171,10 @@ struct named_bar {
     int id, n;
     __device__ __forceinline__ void sync() const { named_sync(id, n); }
 };
+/* The whole block (barrier 0), for the same code in a kernel of its own. */
+struct block_bar {
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
 
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll

@@ -47,6 +47,29 @@ __host__ __device__ constexpr size_t gemm_cluster_floats(int kc, int rt, int NT)
     return (size_t)kc * rt * NT * 4 * 32;
 }
 
+/* The w warps of a tile (this warp its K share i; red: shared [warps][NT][4][32] of the block's warps) add
+ * their sums in warp order into warp i == 0's acc; bar: a barrier of (at least) those w warps. */
+template <int NT, class BAR>
+__device__ __forceinline__ void gemm_merge_warps(float (&acc)[NT][4], int w, int i, float *red,
+                                                 const BAR &bar) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) red[((warp * NT + n) * 4 + j) * 32 + lane] = acc[n][j];
+    bar.sync();
+    if (i == 0)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float v = acc[n][j];
+                for (int q = 1; q < w; q++)
+                    v = __fadd_rn(v, red[(((warp + q) * NT + n) * 4 + j) * 32 + lane]);
+                acc[n][j] = v;
+            }
+}
+
 /* Merges the partial sums acc of warp (r, i) (tile r of the group, K share i) of block kci of group `group`:
  * the w warps of a tile in warp order (red: shared [warps][NT][4][32]), then, when kc > 1, the kc blocks in
  * block order. With CL (the group's kc blocks launched as one cluster; cs: gemm_cluster_floats of shared
@@ -60,23 +83,7 @@ __device__ int gemm_merge(float (&acc)[NT][4], const fmc_split &sp, int group, i
                           float *cs = nullptr) {
     __shared__ unsigned last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = warp / sp.w, i = warp - r * sp.w;
-    if (sp.w > 1) {
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) red[((warp * NT + n) * 4 + j) * 32 + lane] = acc[n][j];
-        __syncthreads();
-        if (i == 0)
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float v = acc[n][j];
-                    for (int q = 1; q < sp.w; q++)
-                        v = __fadd_rn(v, red[(((warp + q) * NT + n) * 4 + j) * 32 + lane]);
-                    acc[n][j] = v;
-                }
-    }
+    if (sp.w > 1) gemm_merge_warps(acc, sp.w, i, red, block_bar{});
     if (sp.kc == 1) return i == 0;
     if constexpr (CL) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

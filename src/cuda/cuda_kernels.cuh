@@ -159,6 +159,9 @@ void fmc_q8_quant(const float *x, int ldx, const float *nw, float eps, int K, in
 /* 1: every one-token target product (store, add, gate/up) on the register loop (cuda_q8.cu), not only those
  * it pays for (tests); the same bits either way. */
 void fmc_q8_set_reg_all(int on);
+/* 1: every store / add product of up to 24 tokens whose blocks hold one row tile of the split's w warps
+ * on the row-tile loop (cuda_q8_rows.cuh), not only grids of many waves (tests); the same bits either way. */
+void fmc_q8_set_rows_all(int on);
 /* The products of 1..8 rows with their activations in shared memory (cuda_q8.cu): rd 8, 12 or 16 tiles in
  * flight for every class of product, 0 none, -1 the default choice (tests); the same bits either way. */
 void fmc_q8_set_gemv(int rd);

@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cuda/cuda_q8_narrow.cuh"
+#include "cuda/cuda_q8_rows.cuh"
 
 /* ---- layout ---- */
 
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(Q8_THREADS)
     pdl_wait();
     const int t = blockIdx.x, c0 = blockIdx.y * QUANT_CHUNK;
     q8_quant_row(x + (size_t)t * ldx + c0, nw, eps, nw ? K : min(QUANT_CHUNK, K - c0),
-                 q8_frag_sink{xq, xd, t, K >> 5, c0 >> 5}, q8_block_bar{});
+                 q8_frag_sink{xq, xd, t, K >> 5, c0 >> 5}, block_bar{});
 }
 
 /* The quantiser's source for the drafter's AdaLN: row x, scale and shift staged in shared memory (n floats
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(Q8_THREADS)
     }
     q = group_sum_d(q, block_group{part}); /* its barriers also publish lnx to the block */
     const q8_src_ln_mod src{lnx, n, (float)mu, (float)(1.0 / sqrt(q / n + eps))};
-    q8_quant_row_src(src, 0.0f, n, q8_frag_sink{xq, xd, (int)blockIdx.x, n >> 5}, q8_block_bar{});
+    q8_quant_row_src(src, 0.0f, n, q8_frag_sink{xq, xd, (int)blockIdx.x, n >> 5}, block_bar{});
 }
 
 void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, int T, int n, float eps,
@@ -229,6 +229,16 @@ __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemm_reg(const q8_args a) {
 template <int MODE, int RD, int XS> __global__ void __launch_bounds__(Q8_THREADS) k_q8_gemv(const q8_args a) {
     q8_gemm_block<1, MODE, q8_pdl_sync, RD, false, XS>(a, blockIdx.x, q8_pdl_sync{});
 }
+/* A run of row tiles a block, the activations of all of K in shared memory (cuda_q8_rows.cuh), rd weight
+ * tiles a warp in flight; blocks of Q8_WARPS warps, groups of the matrix's w. */
+template <int NT, int MODE>
+__global__ void __launch_bounds__(Q8_THREADS) k_q8_rows(const q8_args a, const int per, const int rd) {
+    q8_rows_block<NT, MODE>(a, per, rd);
+}
+/* clang-format off */
+#define Q8_ROWS_KERNELS(X)                                                                                   \
+    X(1, Q8_STORE) X(2, Q8_STORE) X(3, Q8_STORE) X(1, Q8_ADD) X(2, Q8_ADD) X(3, Q8_ADD)
+/* clang-format on */
 /* clang-format off */
 #define Q8_GEMV_MODES(X, rd, xs) X(Q8_STORE, rd, xs) X(Q8_ADD, rd, xs) X(Q8_GLU, rd, xs)
 #define Q8_GEMV_KERNELS(X)                                                                                   \
@@ -315,6 +325,52 @@ static bool q8_takes_reg_loop(const fmc_q8 *w, int T, int mode) {
 
 void fmc_q8_set_reg_all(int on) {
     g_reg_all = on;
+}
+
+/* The row-tile loop (cuda_q8_rows.cuh) for store / add products of a grid of many waves (the lm_head) from
+ * g_rows_from tokens on (FMC_Q8_ROWS=n: from n, 0 never, for experiments); g_rows_all: every store / add
+ * product of one block a group whose warps' shares it can split (tests). Returns the weight tiles a warp
+ * keeps in flight, the most that divide its share, or 0 for another form. From 9 tokens: the lm_head alone
+ * (bench_cuda, H100, the same binary with FMC_Q8_ROWS=1 and 9) at 16 / 17 tokens took 156.3 / 160.2 us
+ * against 170 (ncu) / 206.5 on the register and staged loops, but at 1 / 8 tokens 137.5 / 146.5 against
+ * 132.7-133.5 / 142.3-143.2 on theirs, which already stream at 96-104 % of the copy rate; verify(17) 4.090
+ * -> 4.040 ms, a draft of 16 slots 0.820 -> 0.800 ms (bench/RESULTS.md, forty-fourth session). */
+static int g_rows_from = 9, g_rows_all = 0;
+/* Blocks of each row-tile kernel an SM holds by its registers and threads ([NT - 1][mode], fmc_q8_init: the
+ * occupancy query is not made during a graph's capture); shared memory decides the rest at launch. */
+static int g_rows_fit[ROWS_MAX_NT][2];
+static int q8_rows_depth(const fmc_q8 *w, const q8_args &a, int mode) {
+    if ((mode != Q8_STORE && mode != Q8_ADD) || a.T > 8 * ROWS_MAX_NT || w->sp.kc != 1 || w->sp.rt != 1 ||
+        Q8_WARPS % w->sp.w || ((uintptr_t)a.xq | (uintptr_t)a.xd) % 16 ||
+        q8_rows_smem(Q8_WARPS, (a.T + 7) / 8, w->K / 32) > Q8_SMEM_LIMIT)
+        return 0;
+    if (!g_rows_all && (g_rows_from <= 0 || a.T < g_rows_from || !q8_many_waves(w))) return 0;
+    const int nbw = w->K / 32 / w->sp.w;
+    int rd = ROWS_RD;
+    while (nbw % rd) rd--;
+    return rd >= 4 || g_rows_all ? rd : 0;
+}
+
+void fmc_q8_set_rows_all(int on) {
+    g_rows_all = on;
+}
+
+/* One wave: as many blocks as fit an SM (shared memory, registers) on every SM, each a run of row tiles
+ * that its groups share evenly. */
+static void q8_rows_run(const fmc_q8 *w, const q8_args &a, int mode, int rd, int pdl, cudaStream_t s) {
+    const int NT = (a.T + 7) / 8, NT16 = (w->N + 15) / 16, groups = Q8_WARPS / w->sp.w;
+    const size_t smem = q8_rows_smem(Q8_WARPS, NT, w->K / 32);
+    void (*k)(const q8_args, int, int) = NULL;
+#define X(nt, m)                                                                                             \
+    if (NT == nt && mode == m) k = k_q8_rows<nt, m>;
+    Q8_ROWS_KERNELS(X)
+#undef X
+    const int by_smem = (int)(g_sm_bytes / (smem + g_block_extra)), by_regs = g_rows_fit[NT - 1][mode];
+    const int fit = std::max(1, std::min(by_smem, by_regs));
+    const int want = (NT16 + groups - 1) / groups, wave = fit * fmc_sm_count();
+    const int blocks0 = want < wave ? want : wave;
+    const int per = ((NT16 + blocks0 - 1) / blocks0 + groups - 1) / groups * groups;
+    fmc_launch(k, dim3((unsigned)((NT16 + per - 1) / per)), dim3(Q8_THREADS), smem, s, pdl, a, per, rd);
 }
 
 /* A drafter product whose groups span several blocks (kc > 1) runs each group as one thread-block cluster, so
@@ -412,7 +468,7 @@ static q8_kernel q8_pick(int NT, int mode, bool reg, bool cl) {
 
 int fmc_q8_init(void) {
     int bad = 0;
-    auto smem_limit = [&bad](q8_kernel k) {
+    auto smem_limit = [&bad](auto k) {
         bad |= cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Q8_SMEM_LIMIT) !=
                cudaSuccess;
     };
@@ -431,6 +487,12 @@ int fmc_q8_init(void) {
 #define X(m, rd, xs) smem_limit(k_q8_gemv<m, rd, xs>);
     Q8_GEMV_KERNELS(X)
 #undef X
+#define X(nt, m)                                                                                             \
+    smem_limit(k_q8_rows<nt, m>);                                                                            \
+    bad |= cudaOccupancyMaxActiveBlocksPerMultiprocessor(&g_rows_fit[nt - 1][m], k_q8_rows<nt, m>,           \
+                                                         Q8_THREADS, 0) != cudaSuccess;
+    Q8_ROWS_KERNELS(X)
+#undef X
     bad |= cudaFuncSetAttribute(k_ln_mod_quant, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 3 * FMC_LN_MOD_MAX_N * (int)sizeof(float)) != cudaSuccess;
     if (getenv("FMC_Q8_GEMV")) gemv_parse(g_gemv[0], getenv("FMC_Q8_GEMV"));
@@ -442,6 +504,7 @@ int fmc_q8_init(void) {
      * or 16: more blocks in several waves merge more partial sums than the waves save, RESULTS "Twentieth
      * session") */
     if (getenv("FMC_Q8_REG_ALL")) g_reg_all = 1;
+    if ((e = getenv("FMC_Q8_ROWS"))) g_rows_from = atoi(e);
     q8_cluster_detect();
     int dev = 0, sm = 0, reserved = 0;
     if (cudaGetDevice(&dev) == cudaSuccess &&
@@ -473,6 +536,11 @@ static void q8_run(const fmc_q8 *w, const fmc_q8_in *in, int T, int mode, float 
     a.bias = bias, a.gate = gate;
     if (T > GEMM_MAX_TOK) {
         q8_wide_run(w, a, mode, pdl, s);
+        return;
+    }
+    const int rd = q8_rows_depth(w, a, mode);
+    if (rd) {
+        q8_rows_run(w, a, mode, rd, pdl, s);
         return;
     }
     const unsigned groups = (unsigned)((w->N + 15) / 16 / w->sp.rt);

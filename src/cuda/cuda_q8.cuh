@@ -133,10 +133,6 @@ struct q8_frag_sink {
     }
     __device__ __forceinline__ void scale(int b, float d) const { xd[frag_d(t, b0 + b, NB)] = d; }
 };
-/* The quantiser's barrier: the whole block (its own kernels); the persistent kernel passes its own. */
-struct q8_block_bar {
-    __device__ __forceinline__ void sync() const { __syncthreads(); }
-};
 
 /* Where the quantiser reads x and the norm weights: straight from global memory (x through L2: the
  * persistent kernel's other blocks write it); cuda_megakernel.cu stages them in shared memory. */

@@ -483,7 +483,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     printf("INFO tied=%d: persistent verify blocks: %s (2..%d rows)\n", tied, mkv_state, mkv_rows);
     float *ref[3];
     for (int k = 0; k < 3; k++) ref[k] = malloc(sizeof(float) * 17 * V);
-    static const char *const variant[10] = {"",
+    static const char *const variant[11] = {"",
                                             "",
                                             "",
                                             "",
@@ -492,8 +492,10 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
                                             " activations in shared memory, 8 tiles in flight",
                                             " activations in shared memory, 12 tiles in flight",
                                             " activations in shared memory, 16 tiles in flight",
-                                            " steps and verify(8) persistent"};
-    for (int mode = 0; mode < 9 + has_mega; mode++) {
+                                            " steps and verify(8) persistent",
+                                            " row-tile loop everywhere"};
+    for (int mode = 0; mode < 11; mode++) {
+        if (mode == 9 && !has_mega) continue;
         /* modes 0..3: graphs and PDL on / off, the default kernels. From 4 graphs and PDL: 4 every store /
          * add product of up to 16 rows and the one-token gate/up on the register loop (whose default choice
          * up to 8 rows takes it for full-size matrices only); 8 and 12 rows: its forms for one and two
@@ -501,11 +503,13 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
          * loop), 6..8: every product of 1..8 rows with its activations in shared memory at each depth (the
          * default: steps only, by the matrix's shape), steps as kernels in all of these; 9: every step
          * and verify block of up to 8 rows by the persistent kernel, where the device takes it (by default
-         * short-context ones are). */
+         * short-context ones are); 10: every store / add product on the row-tile loop (by default the
+         * lm_head only, a grid of many waves, from 9 rows), steps as kernels. */
         const int graphs = mode < 4 ? !(mode & 1) : 1, pdl = mode < 4 ? !(mode & 2) : 1;
         fm_cuda_debug_set_graphs(gb, graphs);
         fm_cuda_debug_set_pdl(gb, pdl);
         fm_cuda_debug_set_q8_reg_all(gb, mode == 4);
+        fm_cuda_debug_set_q8_rows_all(gb, mode == 10);
         fm_cuda_debug_set_q8_gemv(gb, mode == 4 || mode == 5  ? 0
                                       : mode >= 6 && mode < 9 ? 4 * (mode - 4)
                                                               : -1);
@@ -543,6 +547,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     fm_cuda_debug_set_graphs(gb, 1);
     fm_cuda_debug_set_pdl(gb, 1);
     fm_cuda_debug_set_q8_reg_all(gb, 0);
+    fm_cuda_debug_set_q8_rows_all(gb, 0);
     fm_cuda_debug_set_q8_gemv(gb, -1);
     fm_cuda_debug_set_mega(gb, mega_default);
 
