@@ -260,71 +260,62 @@ static int dmat_rows(const dmat_t *m) {
     return m->is_q8 ? m->q.N : m->h.N;
 }
 
-/* Every product's split list, for the shared split-K scratch. */
-static int splits(fm_cuda_backend *b, fmc_split **out, int *N) {
-    int n = 0;
-    out[n] = &b->out.sp, N[n++] = b->out.N;
-    for (int l = 0; l < b->n_layers; l++) {
-        dlayer_t *L = &b->L[l];
-        out[n] = &L->qkv.sp, N[n++] = L->qkv.N;
-        out[n] = &L->wo.sp, N[n++] = L->wo.N;
-        out[n] = &L->gu.sp, N[n++] = L->gu.N;
-        out[n] = &L->down.sp, N[n++] = L->down.N;
+/* A product's split list and rows; side: it runs on the drafter's side stream (fc, anchor_proj and the cross
+ * K/V: context rows and a draft's anchor slot, beside the main stream's products). */
+struct split_ref {
+    fmc_split *sp;
+    int N;
+    bool side;
+};
+
+/* Every product's, for the split-K scratch. */
+static std::vector<split_ref> splits(fm_cuda_backend *b) {
+    std::vector<split_ref> v;
+    v.push_back({&b->out.sp, b->out.N, false});
+    for (int l = 0; l < b->n_layers; l++)
+        for (fmc_q8 *w : {&b->L[l].qkv, &b->L[l].wo, &b->L[l].gu, &b->L[l].down})
+            v.push_back({&w->sp, w->N, false});
+    if (!b->has_drafter) return v;
+    for (dmat_t *m : {&b->fc, &b->anchor_proj, &b->ckv}) v.push_back({dmat_split(m), dmat_rows(m), true});
+    v.push_back({dmat_split(&b->head), dmat_rows(&b->head), false});
+    for (int l = 0; l < b->dhp.n_layers; l++) {
+        ddlayer_t *L = &b->DL[l];
+        for (dmat_t *m : {&L->sqkv, &L->so, &L->cq, &L->co, &L->fc1, &L->fc2})
+            v.push_back({dmat_split(m), dmat_rows(m), false});
     }
-    if (b->has_drafter) {
-        dmat_t *m[4] = {&b->fc, &b->anchor_proj, &b->head, &b->ckv};
-        for (int i = 0; i < 4; i++) out[n] = dmat_split(m[i]), N[n++] = dmat_rows(m[i]);
-        for (int l = 0; l < b->dhp.n_layers; l++) {
-            ddlayer_t *L = &b->DL[l];
-            dmat_t *d[6] = {&L->sqkv, &L->so, &L->cq, &L->co, &L->fc1, &L->fc2};
-            for (int i = 0; i < 6; i++) out[n] = dmat_split(d[i]), N[n++] = dmat_rows(d[i]);
-        }
-    }
-    return n;
+    return v;
 }
 
-/* Split-K scratch and arrival counters (zero) for products split lists sp[0 .. n-1], which run one at a time.
- */
-static int share_scratch(fm_cuda_backend *b, fmc_split *const *sp, const int *N, int n, char *err,
+/* One split-K scratch and one set of arrival counters (zero) for the products of one stream (side or not),
+ * which run one at a time. */
+static int share_scratch(fm_cuda_backend *b, const std::vector<split_ref> &v, bool side, char *err,
                          size_t errlen) {
     size_t part = 1;
-    int cnt = 1;
-    for (int i = 0; i < n; i++) {
+    int cnt = 1, any = 0;
+    for (const split_ref &r : v) {
+        if (r.side != side) continue;
         size_t p;
         int c;
-        fmc_split_scratch(sp[i], N[i], &p, &c);
+        fmc_split_scratch(r.sp, r.N, &p, &c);
         part = std::max(part, p);
         cnt = std::max(cnt, c);
+        any = 1;
     }
+    if (!any) return 0;
     float *dpart;
     unsigned *dcnt;
     DALLOC(dpart, part * 4);
     DALLOC(dcnt, (size_t)cnt * 4);
     CK(cudaMemset(dcnt, 0, (size_t)cnt * 4));
-    for (int i = 0; i < n; i++) sp[i]->part = dpart, sp[i]->cnt = dcnt;
+    for (const split_ref &r : v)
+        if (r.side == side) r.sp->part = dpart, r.sp->cnt = dcnt;
     return 0;
 }
 
-/* One scratch for all products of the main stream, one for the drafter's side stream (fc, anchor_proj and
- * the cross K/V: context rows and a draft's anchor slot, beside the main stream's products). */
+/* One scratch for the main stream's products, one for the side stream's. */
 static int attach_scratch(fm_cuda_backend *b, char *err, size_t errlen) {
-    const int cap = 1 + 4 * b->n_layers + (b->has_drafter ? 4 + 6 * b->dhp.n_layers : 0);
-    std::vector<fmc_split *> sp(cap);
-    std::vector<int> N(cap);
-    const int n = splits(b, sp.data(), N.data());
-    std::vector<fmc_split *> main_sp, side_sp;
-    std::vector<int> main_n, side_n;
-    for (int i = 0; i < n; i++) {
-        const bool side =
-            b->has_drafter && (sp[i] == dmat_split(&b->fc) || sp[i] == dmat_split(&b->anchor_proj) ||
-                               sp[i] == dmat_split(&b->ckv));
-        (side ? side_sp : main_sp).push_back(sp[i]);
-        (side ? side_n : main_n).push_back(N[i]);
-    }
-    if (share_scratch(b, main_sp.data(), main_n.data(), (int)main_sp.size(), err, errlen)) return -1;
-    return side_sp.empty()
-               ? 0
-               : share_scratch(b, side_sp.data(), side_n.data(), (int)side_sp.size(), err, errlen);
+    const std::vector<split_ref> v = splits(b);
+    return share_scratch(b, v, false, err, errlen) || share_scratch(b, v, true, err, errlen) ? -1 : 0;
 }
 
 static int warm_graphs(fm_cuda_backend *b, char *err, size_t errlen);
