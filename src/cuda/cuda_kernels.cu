@@ -139,6 +139,14 @@ __device__ __forceinline__ float2 dr_rot(float p, const float *inv_freq, int i) 
     return make_float2((float)cos((double)ang), (float)sin((double)ang));
 }
 
+/* Pair (x0, x1) of a head's row RMS-normed (1 / rms: rs) with weights (w0, w1), then rotated by cs: the one
+ * copy of this arithmetic for the block (dr_norm_rope_head) and warp (dr_norm_rope_warp) forms. */
+__device__ __forceinline__ float2 dr_norm_rot_pair(float x0, float x1, float w0, float w1, float rs,
+                                                   float2 cs) {
+    const float a0 = x0 * (w0 * rs), a1 = x1 * (w1 * rs);
+    return make_float2(a0 * cs.x - a1 * cs.y, a1 * cs.x + a0 * cs.y);
+}
+
 /* Row blockIdx.x, head blockIdx.y of one launch of fmc_dr_norm_rope (rotations rope: [T][hd / 2]) or
  * fmc_dr_kv_rows (rope NULL: computed at the rows' positions). */
 __device__ __forceinline__ void dr_norm_rope_head(float *x, int ld, int hd, const float *w, float eps,
@@ -158,10 +166,10 @@ __device__ __forceinline__ void dr_norm_rope_head(float *x, int ld, int hd, cons
     const float rs = (float)(1.0 / sqrt(ss / hd + eps));
     const float pf = (float)(p0 + t);
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float a0 = __ldcg(r + 2 * i) * (w[2 * i] * rs),
-                    a1 = __ldcg(r + 2 * i + 1) * (w[2 * i + 1] * rs);
         const float2 cs = rope ? rope[(size_t)t * half + i] : dr_rot(pf, inv_freq, i);
-        const float o0 = a0 * cs.x - a1 * cs.y, o1 = a1 * cs.x + a0 * cs.y;
+        const float2 o =
+            dr_norm_rot_pair(__ldcg(r + 2 * i), __ldcg(r + 2 * i + 1), w[2 * i], w[2 * i + 1], rs, cs);
+        const float o0 = o.x, o1 = o.y;
         if (kc) {
             kc[(size_t)(p0 + t) * D + h * hd + 2 * i] = __float2half_rn(o0);
             kc[(size_t)(p0 + t) * D + h * hd + 2 * i + 1] = __float2half_rn(o1);
@@ -226,10 +234,7 @@ __device__ __forceinline__ void dr_norm_rope_warp(const float *src, const float 
     for (int k = 0; k < FMC_DR_HD_MAX / 64; k++) {
         const int i = lane + 32 * k;
         if (i >= half) break;
-        const float a0 = v[k].x * (w[2 * i] * rs), a1 = v[k].y * (w[2 * i + 1] * rs);
-        const float2 cs = rot[i];
-        dst[2 * i] = a0 * cs.x - a1 * cs.y;
-        dst[2 * i + 1] = a1 * cs.x + a0 * cs.y;
+        *(float2 *)(dst + 2 * i) = dr_norm_rot_pair(v[k].x, v[k].y, w[2 * i], w[2 * i + 1], rs, rot[i]);
     }
 }
 
