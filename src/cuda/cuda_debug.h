@@ -41,8 +41,8 @@ void fm_cuda_debug_set_pdl(fm_cuda_backend *b, int on);
  * checks run it. */
 void fm_cuda_debug_set_q8_reg_all(fm_cuda_backend *b, int on);
 /* 1: every Q8_0 store / add product of up to 24 rows whose split allows it on the row-tile loop (the
- * default takes it for grids of many waves only, the lm_head: cuda_q8.cu), so that the tiny models'
- * bit-for-bit checks run it (process-wide). */
+ * default takes it for grids of many waves only, the lm_head, from 9 rows: cuda_q8.cu), so that the tiny
+ * models' bit-for-bit checks run it (process-wide). */
 void fm_cuda_debug_set_q8_rows_all(fm_cuda_backend *b, int on);
 /* rd 8, 12, 16: every target product of 1..8 rows copies its activations to shared memory and keeps rd
  * weight tiles a warp in registers (process-wide); 0: none; -1: the default choice (one row, by the

@@ -367,9 +367,8 @@ static void q8_rows_run(const fmc_q8 *w, const q8_args &a, int mode, int rd, int
 #undef X
     const int by_smem = (int)(g_sm_bytes / (smem + g_block_extra)), by_regs = g_rows_fit[NT - 1][mode];
     const int fit = std::max(1, std::min(by_smem, by_regs));
-    const int want = (NT16 + groups - 1) / groups, wave = fit * fmc_sm_count();
-    const int blocks0 = want < wave ? want : wave;
-    const int per = ((NT16 + blocks0 - 1) / blocks0 + groups - 1) / groups * groups;
+    const int blocks = std::min((NT16 + groups - 1) / groups, fit * fmc_sm_count());
+    const int per = ((NT16 + blocks - 1) / blocks + groups - 1) / groups * groups;
     fmc_launch(k, dim3((unsigned)((NT16 + per - 1) / per)), dim3(Q8_THREADS), smem, s, pdl, a, per, rd);
 }
 
