@@ -113,7 +113,7 @@ for step in "$@"; do
            else echo "llama: no llama-bench ($LB) or no synthesized GGUF (run bench first)"; fi ;;
     ab) FM_BENCH_QUICK=1 timeout "$lim" "$B/bench_cuda" "$WORK" >/dev/null 2>&1 # the pair into WORK, once
         full_lines='plain step \(graph \+|verify\(|draft \(block 16, (16|7) out, graph on\)'
-        full_lines+='|simulated acceptance (6.5|8.0), verify adaptive   |RESULT kernel lm_head|adaptive time at (6.5|8.0)'
+        full_lines+='|simulated acceptance (6.5|8.0), verify adaptive   |RESULT kernel lm_head|adaptive time at (6.5|8.0)|halves back to back'
         for round in $(seq "${AB_ROUNDS:-3}"); do
           while IFS= read -r v; do
             [ -n "$v" ] || continue

@@ -142,6 +142,31 @@ static int drafter_rows(fm_cuda_backend *gb, fm_decode_backend *G, const fm_draf
     G->set_history(G->ctx, NULL, 0, 0);
     if (G->set_sampling(G->ctx, &greedy, err, sizeof err)) return fprintf(stderr, "%s\n", err), 1;
     fm_cuda_debug_set_graphs(gb, 1);
+    {
+        /* A round's two halves back to back as the loop runs them (a draft of 7, the verify block of 8,
+         * one row kept and committed), at a fixed position: what each costs inside a round, beside the
+         * draft and verify(8) alone (the context rows and whatever the one leaves the other). */
+        double vd[20], vv[20];
+        int32_t blk[8], rows[8];
+        for (int i = 0; i < 22; i++) {
+            const double a = hx_now();
+            if (G->draft(G->ctx, next, NP, 7, blk + 1, err, sizeof err))
+                return fprintf(stderr, "draft: %s\n", err), 1;
+            const double b = hx_now();
+            blk[0] = next;
+            if (G->eval(G->ctx, blk, 8, 1, rows, err, sizeof err))
+                return fprintf(stderr, "verify: %s\n", err), 1;
+            const double c = hx_now();
+            G->rewind(G->ctx, NP + 1);
+            if (G->commit_features(G->ctx, 1, NP, err, sizeof err))
+                return fprintf(stderr, "commit: %s\n", err), 1;
+            G->rewind(G->ctx, NP);
+            if (i >= 2) vd[i - 2] = b - a, vv[i - 2] = c - b;
+        }
+        printf("RESULT [%s] a round's halves back to back (draft 7 out, verify 8, 1 row kept): draft %.3f + "
+               "verify %.3f ms\n",
+               tag, median(vd, 20) * 1e3, median(vv, 20) * 1e3);
+    }
     fm_generate_params p;
     fm_generate_stats st;
     int32_t *plain = NULL;

@@ -12,7 +12,8 @@
  * kernel before it finishes. The context extension of the drafter is launched directly (its row count
  * changes), chained the same way.
  * Invariants: the KV cache holds positions 0 .. pos-1; feature rows of the last eval wait in `pending`
- * (device) until the next draft extends the drafter's context with them, as the CPU backend does. */
+ * (device) until the next draft extends the drafter's context with them, as the CPU backend does, but for a
+ * verify block's, which go there as the block is launched (drafter_verify_rows). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -616,7 +617,9 @@ static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *
     CK(cudaMemcpyAsync(b->d_pos, b->h_pos, 4, cudaMemcpyHostToDevice, b->st));
     const int mode = !argmax ? MODE_NONE : all_rows ? MODE_ALL : MODE_LAST, rows = mode == MODE_ALL ? n : 1;
     b->att_form = att_form_at(b->pos + n);
+    b->spec_rows = 0; /* this forward overwrites the features */
     if (run_forward(b, n, mode, err, errlen)) return -1;
+    if (mode == MODE_ALL && drafter_verify_rows(b, n, err, errlen)) return -1;
     if (argmax && fm_sampling_penalized(&b->sampling) &&
         penalize_rows(b, rows, mode == MODE_ALL ? ids + 1 : NULL, err, errlen))
         return -1;
@@ -738,6 +741,7 @@ static void cu_reset(void *ctx) {
     b->pos = 0;
     b->pend_rows = 0;
     b->dlength = 0;
+    b->spec_rows = 0;
 }
 
 extern "C" fm_decode_backend fm_cuda_backend_ops(fm_cuda_backend *b) {

@@ -50,6 +50,11 @@ extern "C" void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on) {
     b->use_graphs = on;
 }
 
+extern "C" void fm_cuda_debug_set_early_rows(fm_cuda_backend *b, int on) {
+    b->early_rows = on;
+    b->spec_rows = 0;
+}
+
 extern "C" double fm_cuda_debug_warm_ms(const fm_cuda_backend *b) {
     return b->warm_ms;
 }

@@ -130,6 +130,13 @@ struct fm_cuda_backend {
     float *dpart;                /* [block][n_heads][dsplits][head_dim + 2] */
     float *pending;              /* [pend_cap][fw] */
     int pend_rows, pend_start, pend_cap;
+    /* A verify block's rows, extended into the drafter's context on the side stream as soon as the block
+     * is launched (drafter_verify_rows), before the loop knows how many it keeps: the commit that follows
+     * keeps a prefix of them and copies nothing. spec_feat [block + 1][fw] holds the block's features (the
+     * next forward overwrites feat while the side stream may still read them). early_rows: 0 turns it
+     * off (FMC_EARLY_ROWS=0, fm_cuda_debug_set_early_rows). */
+    float *spec_feat;
+    int spec_start, spec_rows, early_rows;
 };
 
 /* How steps use the persistent kernel (use_mk): never, always, while the attention takes its short form. */
@@ -217,6 +224,9 @@ int flush_pending(fm_cuda_backend *b, char *err, size_t errlen);
 /* n feature rows of src (rows of fw) into the drafter's context cache at start: on the side stream, after
  * the main stream's work so far; the main stream's later work waits for it. */
 int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start, char *err, size_t errlen);
+/* After a verify block of n rows at b->pos was launched: its rows into the drafter's context early (see
+ * spec_feat), where nothing is pending and they fit; otherwise nothing. */
+int drafter_verify_rows(fm_cuda_backend *b, int n, char *err, size_t errlen);
 /* The side stream and its events and buffers (create_drafter; fm_cuda_backend_free releases them). */
 void free_side(fm_cuda_backend *b);
 

@@ -131,6 +131,9 @@ int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, size_t er
     DALLOC(b->dpart, (size_t)K * hp->n_heads * b->dsplits * (hd + 2) * 4);
     b->pend_cap = b->max_eval + DRAFT_ROWS;
     DALLOC(b->pending, (size_t)b->pend_cap * b->fw * 4);
+    DALLOC(b->spec_feat, (size_t)(K + 1) * b->fw * 4);
+    const char *er = getenv("FMC_EARLY_ROWS");
+    b->early_rows = !(er && er[0] == '0');
     return 0;
 }
 
@@ -225,11 +228,40 @@ int flush_pending(fm_cuda_backend *b, char *err, size_t errlen) {
     return flush_rows(b, true, err, errlen);
 }
 
+/* Why early: at commit time the rows' chain (fc, norm, the cross K/V product of every layer, the rows'
+ * norm and RoPE) ran on the side stream ahead of the draft's anchor slot, behind the host's round trip
+ * and the eager launches, and the draft's first cross-attention waited for both. Launched with the verify
+ * block instead, it runs while the host reads the block's ids back (H100, one round: the drafter's part of a
+ * round at simulated 6.5, 0.886 -> 0.863 ms; bench/RESULTS.md, forty-fifth session). The anchor slot still
+ * waits for these rows, as the two share the side stream's buffers. The rows the loop does not keep are
+ * written past the context it keeps: a draft reads positions up to its anchor only, and every position
+ * below an anchor is committed before that draft. */
+int drafter_verify_rows(fm_cuda_backend *b, int n, char *err, size_t errlen) {
+    b->spec_rows = 0;
+    if (!b->has_drafter || !b->early_rows || n < 2 || n > b->dhp.block + 1 || b->pend_rows ||
+        b->pos > b->dlength || b->pos + n > b->dmax_ctx)
+        return 0;
+    /* the side stream's last reads of spec_feat are done (a draft joined them, or this waits) */
+    CK(cudaStreamWaitEvent(b->st, b->ev_ctx, 0));
+    CK(cudaMemcpyAsync(b->spec_feat, b->feat, (size_t)n * b->fw * 4, cudaMemcpyDeviceToDevice, b->st));
+    if (extend_side(b, b->spec_feat, n, b->pos, false, err, errlen)) return -1;
+    b->dlength = b->pos; /* held once committed */
+    b->spec_start = b->pos, b->spec_rows = n;
+    return 0;
+}
+
 int cu_commit_features(void *ctx, int n, int start, char *err, size_t errlen) {
     fm_cuda_backend *b = (fm_cuda_backend *)ctx;
     if (!b->has_drafter || n <= 0) return 0;
     if (n > b->last_rows)
         return fail(err, errlen, "cuda: commit of more feature rows than the last eval made");
+    /* the rows of the verify block just run, extended early: keep the first n */
+    const int kept = b->spec_rows && start == b->spec_start && start == b->dlength && n <= b->spec_rows;
+    b->spec_rows = 0;
+    if (kept) {
+        b->dlength = start + n;
+        return 0;
+    }
     if (b->pend_rows && (b->pend_start + b->pend_rows != start || b->pend_rows + n > b->pend_cap) &&
         flush_pending(b, err, errlen))
         return -1;

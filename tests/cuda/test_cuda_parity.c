@@ -112,6 +112,51 @@ static void check_spec_equals_plain(const fm_decode_backend *G, const int32_t *p
         }
 }
 
+/* A verify block's rows go into the drafter's context as the block is launched (the default), and the
+ * commit keeps a prefix; with that off, the committed rows go there at the next draft. Both must leave the
+ * same context: the same drafts in every round (the drafter's own ids past the simulated prefix) and the
+ * last draft's logits, bit for bit. At verify 7 with simulated acceptance 6.5 both ways run the context
+ * rows in chunks of several rows up to 8, which take the same product kernels. Elsewhere the chunks differ
+ * in form (one row kept a round: 1 row against the block's 8; verify 16: the block's 17, 3 column tiles,
+ * against up to 16), and the drafter's products round such rows differently in the last bit (measured:
+ * H100, forty-fifth session): the drafts may then differ, never the output. */
+static void check_early_rows(const fm_decode_backend *G, fm_cuda_backend *gb, const int32_t *prompt, int NP,
+                             const int32_t *ig, int ng, int V, const char *what) {
+    enum { N_TRACE = 128, K = 7 };
+    fm_round_trace *tr[2] = {malloc(sizeof(fm_round_trace) * N_TRACE),
+                             malloc(sizeof(fm_round_trace) * N_TRACE)};
+    float *lg[2] = {malloc(sizeof(float) * K * (size_t)V), malloc(sizeof(float) * K * (size_t)V)};
+    int n_tr[2] = {0, 0}, rc = 0;
+    for (int e = 0; e < 2; e++) {
+        fm_generate_params ps;
+        fm_generate_stats st;
+        hx_params(&ps, 96);
+        ps.speculative = 1, ps.verify = K;
+        ps.sim_future = ig, ps.sim_future_len = ng, ps.sim_mean = 6.5, ps.sim_seed = 5;
+        ps.trace = tr[e], ps.trace_cap = N_TRACE, ps.n_trace = &n_tr[e];
+        fm_cuda_debug_set_early_rows(gb, e == 0);
+        int32_t *is = NULL;
+        int ns = 0;
+        rc |= run(G, prompt, NP, &ps, &is, &ns, &st) || ns != ng || memcmp(is, ig, sizeof(int32_t) * ng);
+        rc |= fm_cuda_debug_draft_logits(gb, lg[e], K);
+        free(is);
+    }
+    fm_cuda_debug_set_early_rows(gb, 1);
+    int same = !rc && n_tr[0] == n_tr[1] && n_tr[0] > 0, acc = 0;
+    for (int r = 0; same && r < n_tr[0]; r++) {
+        same = tr[0][r].pos == tr[1][r].pos && tr[0][r].accepted == tr[1][r].accepted &&
+               !memcmp(tr[0][r].drafted, tr[1][r].drafted, sizeof(int32_t) * K);
+        acc += tr[0][r].accepted;
+    }
+    CHECK(same,
+          "%s: verify 7, simulated 6.5: drafts with a verify block's rows early == committed at the draft: "
+          "%d / %d rounds, %d accepted",
+          what, n_tr[0], n_tr[1], acc);
+    CHECK(!rc && !memcmp(lg[0], lg[1], sizeof(float) * (size_t)K * V),
+          "%s: verify 7, simulated 6.5: the last draft's logits, rows early == committed, bit for bit", what);
+    free(tr[0]), free(tr[1]), free(lg[0]), free(lg[1]);
+}
+
 /* Sampling on the GPU: a forward's draws (candidates gathered on the GPU) equal the host sampler's draws on
  * the same logits rows; then plain decoding with a seed, and speculative == plain for every verify mode. */
 static void check_sampling(const fm_decode_backend *G, fm_cuda_backend *gb, const int32_t *prompt, int NP,
@@ -323,6 +368,7 @@ static void q8_drafter_checks(qwen3_model *m, fm_pool *pool, qwen3_state *cs, co
     free(gh), free(gh2);
     const int verify_modes[] = {0, 7, 16};
     check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 3, what, NULL);
+    check_early_rows(&G, gq, prompt, NP, ig, ng, m->hp.vocab, what);
     fm_cuda_backend_free(gq);
     fm_drafter_free(dq);
 }
@@ -671,6 +717,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     char label[32];
     snprintf(label, sizeof label, "tied=%d", tied);
     check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 5, label, NULL);
+    check_early_rows(&G, gb, prompt, NP, ig, ng, V, label);
     check_sampling(&G, gb, prompt, NP, V, label);
     q8_drafter_checks(m, pool, cs, dpath, n_ctx, cap, ncap, prompt, NP, tied, ig, ng);
     check_prompt_rows_equal_steps(m, d, n_ctx, cap, ncap, tied, seed);
