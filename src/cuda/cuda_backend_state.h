@@ -224,8 +224,9 @@ int flush_pending(fm_cuda_backend *b, char *err, size_t errlen);
 /* n feature rows of src (rows of fw) into the drafter's context cache at start: on the side stream, after
  * the main stream's work so far; the main stream's later work waits for it. */
 int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start, char *err, size_t errlen);
-/* After a verify block of n rows at b->pos was launched: its rows into the drafter's context early (see
- * spec_feat), where nothing is pending and they fit; otherwise nothing. */
+/* After a verify block of n rows at b->pos was launched (cu_eval, which clears spec_rows before each
+ * forward): its rows into the drafter's context early (see spec_feat), where nothing is pending and they
+ * fit; otherwise nothing. */
 int drafter_verify_rows(fm_cuda_backend *b, int n, char *err, size_t errlen);
 /* The side stream and its events and buffers (create_drafter; fm_cuda_backend_free releases them). */
 void free_side(fm_cuda_backend *b);

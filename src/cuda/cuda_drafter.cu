@@ -237,7 +237,6 @@ int flush_pending(fm_cuda_backend *b, char *err, size_t errlen) {
  * written past the context it keeps: a draft reads positions up to its anchor only, and every position
  * below an anchor is committed before that draft. */
 int drafter_verify_rows(fm_cuda_backend *b, int n, char *err, size_t errlen) {
-    b->spec_rows = 0;
     if (!b->has_drafter || !b->early_rows || n < 2 || n > b->dhp.block + 1 || b->pend_rows ||
         b->pos > b->dlength || b->pos + n > b->dmax_ctx)
         return 0;
