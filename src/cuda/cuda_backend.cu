@@ -229,8 +229,9 @@ extern "C" void fm_cuda_backend_free(fm_cuda_backend *b) {
     free_side(b);
     for (int i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graphs[i].exec);
     for (auto &shape : b->draft_exec)
-        for (cudaGraphExec_t &e : shape)
-            if (e) cudaGraphExecDestroy(e);
+        for (auto &form : shape)
+            for (cudaGraphExec_t &e : form)
+                if (e) cudaGraphExecDestroy(e);
     fmc_mk_free(b->mk);
     fmc_mk_free(b->mkv);
     if (b->allocs)
@@ -411,10 +412,11 @@ void drop_graphs(fm_cuda_backend *b) {
     for (int i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graphs[i].exec);
     b->n_graphs = 0;
     for (auto &shape : b->draft_exec)
-        for (cudaGraphExec_t &e : shape) {
-            if (e) cudaGraphExecDestroy(e);
-            e = NULL;
-        }
+        for (auto &form : shape)
+            for (cudaGraphExec_t &e : form) {
+                if (e) cudaGraphExecDestroy(e);
+                e = NULL;
+            }
 }
 
 /* Captures fn(b, T, mode) into an executable graph. */
@@ -617,7 +619,7 @@ static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *
     CK(cudaMemcpyAsync(b->d_pos, b->h_pos, 4, cudaMemcpyHostToDevice, b->st));
     const int mode = !argmax ? MODE_NONE : all_rows ? MODE_ALL : MODE_LAST, rows = mode == MODE_ALL ? n : 1;
     b->att_form = att_form_at(b->pos + n);
-    b->spec_rows = 0; /* this forward overwrites the features */
+    b->spec_rows = 0, b->anc_rows = 0; /* this forward overwrites the features and d_am */
     if (run_forward(b, n, mode, err, errlen)) return -1;
     if (mode == MODE_ALL && drafter_verify_rows(b, n, err, errlen)) return -1;
     if (argmax && fm_sampling_penalized(&b->sampling) &&
@@ -630,6 +632,7 @@ static int cu_eval(void *ctx, const int32_t *ids, int n, int all_rows, int32_t *
         CK(cudaStreamSynchronize(b->st));
         if (argmax)
             for (int i = 0; i < rows; i++) argmax[i] = fmc_argmax_index(b->h_am[i]);
+        if (b->anc_rows) drafter_verify_tokens(b, argmax, rows);
     }
     b->pos += n;
     b->last_rows = n;
@@ -662,8 +665,10 @@ static int warm_graphs(fm_cuda_backend *b, char *err, size_t errlen) {
             if (capture(b, target_forward, T, mode, &ge, err, errlen)) return -1;
             b->graphs[b->n_graphs++] = (graph_t){T, mode, graph_form(b, T), ge};
         }
-        for (int g = K <= 8; K && g < 2; g++) /* the draft shapes cu_draft uses */
-            if (draft_shape(b, g, 1, err, errlen)) return -1;
+        for (int g = K <= 8; K && g < 2; g++) /* the draft shapes cu_draft uses, in its anchor forms */
+            for (b->d_anc = 0; b->d_anc <= (b->early_rows && b->early_anchor); b->d_anc++)
+                if (draft_shape(b, g, 1, err, errlen)) return -1;
+        b->d_anc = 0;
     }
     b->att_form = FMC_ATT_SHORT;
     b->warm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -742,6 +747,7 @@ static void cu_reset(void *ctx) {
     b->pend_rows = 0;
     b->dlength = 0;
     b->spec_rows = 0;
+    b->anc_rows = 0;
 }
 
 extern "C" fm_decode_backend fm_cuda_backend_ops(fm_cuda_backend *b) {

@@ -50,9 +50,13 @@ extern "C" void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on) {
     b->use_graphs = on;
 }
 
-extern "C" void fm_cuda_debug_set_early_rows(fm_cuda_backend *b, int on) {
-    b->early_rows = on;
-    b->spec_rows = 0;
+extern "C" void fm_cuda_debug_set_early_rows(fm_cuda_backend *b, int rows, int anchors) {
+    b->early_rows = rows, b->early_anchor = anchors;
+    b->spec_rows = 0, b->anc_rows = 0;
+}
+
+extern "C" long fm_cuda_debug_anchor_hits(const fm_cuda_backend *b) {
+    return b->anc_hits;
 }
 
 extern "C" double fm_cuda_debug_warm_ms(const fm_cuda_backend *b) {

@@ -97,7 +97,8 @@ struct fm_cuda_backend {
     int use_graphs, use_pdl, n_graphs;
     double warm_ms; /* the graphs captured at creation (warm_graphs) took this long */
     graph_t graphs[MAX_GRAPHS];
-    cudaGraphExec_t draft_exec[2][2]; /* [heads of 8 rows, of the whole block][attention form] */
+    /* [heads of 8 rows, of the whole block][attention form][anchor slot: its own chain, a verify row's] */
+    cudaGraphExec_t draft_exec[2][2][2];
     int att_form; /* the attention form of the forward or draft being captured / launched */
     /* drafter (has_drafter == 0: none) */
     int has_drafter;
@@ -107,6 +108,7 @@ struct fm_cuda_backend {
     dmat_t ckv; /* every layer's cross K/V [k0; v0; k1; v1; ...]: all read the same context rows */
     float *dkv; /* [DRAFT_ROWS][n_layers][2 dim] */
     int d_rows; /* rows of the head, lm_head and argmax in the draft being captured / launched */
+    int d_anc;  /* 1: that draft's anchor slot K/V was made with a verify block's rows (anc_*) */
     float *anchor_b, *head_b, *hidden_norm, *anchor_norm, *mods, *slot_input, *inv_freq;
     ddlayer_t *DL;
     float *dx, *dh, *dqkv, *datt, *du, *dtmp, *dhead, *dlogits;
@@ -137,6 +139,19 @@ struct fm_cuda_backend {
      * off (FMC_EARLY_ROWS=0, fm_cuda_debug_set_early_rows). */
     float *spec_feat;
     int spec_start, spec_rows, early_rows;
+    /* The anchor slot of every row's token, made with the block's rows: where the loop decodes greedily,
+     * the next anchor is the argmax of the row after the drafts it keeps. Its slot's K/V (embedding,
+     * anchor_proj, norm, cross K/V product; not yet normed or rotated) for each of the block's argmaxes
+     * (spec_am, a copy of d_am) go through the same products as the rows: dkv rows anc_row0 + i, i <
+     * anc_rows, hold token anc_tok[i]'s, until the side stream's next chain writes dkv. spec_emb [block +
+     * 1][target_dim]: their embeddings. early_anchor: 1 turns it on (FMC_EARLY_ANCHOR=1,
+     * fm_cuda_debug_set_early_rows; off by default until a device has measured it); anc_hits counts the
+     * drafts that took one (the tests' evidence). */
+    unsigned long long *spec_am;
+    float *spec_emb;
+    int anc_start, anc_rows, anc_row0, early_anchor;
+    int32_t anc_tok[FM_DRAFTER_MAX_BLOCK + 1];
+    long anc_hits;
 };
 
 /* How steps use the persistent kernel (use_mk): never, always, while the attention takes its short form. */
@@ -228,6 +243,9 @@ int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start, char 
  * forward): its rows into the drafter's context early (see spec_feat), where nothing is pending and they
  * fit; otherwise nothing. */
 int drafter_verify_rows(fm_cuda_backend *b, int n, char *err, size_t errlen);
+/* The block's tokens ids [n] as cu_eval read them back: the anchor slots drafter_verify_rows made are
+ * those of these tokens (anc_tok); without them (n other than its rows) none are kept. */
+void drafter_verify_tokens(fm_cuda_backend *b, const int32_t *ids, int n);
 /* The side stream and its events and buffers (create_drafter; fm_cuda_backend_free releases them). */
 void free_side(fm_cuda_backend *b);
 

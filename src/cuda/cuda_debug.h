@@ -26,9 +26,13 @@ int fm_cuda_debug_draft_logits(fm_cuda_backend *b, float *out, int rows);
 int fm_cuda_debug_drafter_context(fm_cuda_backend *b, const float *feat, int n, int start);
 /* 0: no CUDA graphs (every kernel launched each call); 1 (default): graphs for evals of up to 32 rows. */
 void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on);
-/* 1 (default): a verify block's rows go into the drafter's context as the block is launched, and the
- * commit keeps a prefix of them; 0: the committed rows go there at the next draft (FMC_EARLY_ROWS=0). */
-void fm_cuda_debug_set_early_rows(fm_cuda_backend *b, int on);
+/* rows 1 (default): a verify block's rows go into the drafter's context as the block is launched, and the
+ * commit keeps a prefix of them; 0: the committed rows go there at the next draft (FMC_EARLY_ROWS=0).
+ * anchors 1 (FMC_EARLY_ANCHOR=1): with them, the anchor slot of each row's argmax, which the next draft
+ * takes when its anchor is one; 0 (default): the draft makes its anchor slot itself. */
+void fm_cuda_debug_set_early_rows(fm_cuda_backend *b, int rows, int anchors);
+/* Drafts so far whose anchor slot was made with a verify block's rows. */
+long fm_cuda_debug_anchor_hits(const fm_cuda_backend *b);
 /* Device-to-device copy bandwidth in GB/s (bytes read + written), median of reps copies of `bytes`. */
 double fm_cuda_debug_copy_bandwidth(size_t bytes, int reps);
 /* Device name and driver version into buf. */

@@ -132,8 +132,11 @@ int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, size_t er
     b->pend_cap = b->max_eval + DRAFT_ROWS;
     DALLOC(b->pending, (size_t)b->pend_cap * b->fw * 4);
     DALLOC(b->spec_feat, (size_t)(K + 1) * b->fw * 4);
-    const char *er = getenv("FMC_EARLY_ROWS");
+    DALLOC(b->spec_am, (size_t)(K + 1) * sizeof *b->spec_am);
+    DALLOC(b->spec_emb, (size_t)(K + 1) * H * 4);
+    const char *er = getenv("FMC_EARLY_ROWS"), *ea = getenv("FMC_EARLY_ANCHOR");
     b->early_rows = !(er && er[0] == '0');
+    b->early_anchor = ea && ea[0] == '1'; /* off until measured on a device (bench/RESULTS.md) */
     return 0;
 }
 
@@ -181,10 +184,23 @@ static const float *mod_at(const fm_cuda_backend *b, int idx) {
     return b->mods + (size_t)idx * 3 * b->dhp.dim;
 }
 
+/* The anchor slots of tokens am [A] (packed argmaxes) into rows A .. 2A-1 of dsh, on the side stream: the
+ * draft's own chain up to its cross K/V product, which the context rows' product then takes with its rows. */
+static void anchor_rows_side(fm_cuda_backend *b, const unsigned long long *am, int A) {
+    const fm_drafter_hparams *hp = &b->dhp;
+    const int D = hp->dim, H = hp->target_dim, pdl = b->use_pdl;
+    fmc_embed_q8_argmax(&b->tok, am, A, b->spec_emb, b->st2);
+    dmm_side(b, &b->anchor_proj, b->spec_emb, H, A, b->dsx + (size_t)A * D, D, b->anchor_b, pdl);
+    fmc_rmsnorm_rows(b->dsx + (size_t)A * D, b->anchor_norm, A, D, hp->rms_eps, b->dsh + (size_t)A * D, pdl,
+                     b->st2);
+}
+
 /* Context rows start .. start+n-1 from device feature rows src [n][fw], on the side stream after the main
- * stream's work so far; ev_ctx marks their end, which the main stream does not wait for (join: it does). */
-static int extend_side(fm_cuda_backend *b, const float *src, int n, int start, bool join, char *err,
-                       size_t errlen) {
+ * stream's work so far; ev_ctx marks their end, which the main stream does not wait for (join: it does).
+ * am: with them, the anchor slots of these n argmaxes (anchor_rows_side; n <= DRAFT_ROWS / 2), left in dkv
+ * rows n .. 2n-1. */
+static int extend_side(fm_cuda_backend *b, const float *src, int n, int start, bool join,
+                       const unsigned long long *am, char *err, size_t errlen) {
     const fm_drafter_hparams *hp = &b->dhp;
     const int D = hp->dim;
     if (start < 0 || start > b->dlength || start + n > b->dmax_ctx) {
@@ -195,14 +211,18 @@ static int extend_side(fm_cuda_backend *b, const float *src, int n, int start, b
     cudaStream_t s = b->st2;
     CK(cudaEventRecord(b->ev_main, b->st));
     CK(cudaStreamWaitEvent(s, b->ev_main, 0));
+    b->anc_rows = 0;                                 /* dkv is written again */
+    const int A = am && 2 * n <= DRAFT_ROWS ? n : 0; /* one chunk */
+    if (A) anchor_rows_side(b, am, A);
     for (int c = 0; c < n; c += DRAFT_ROWS) {
-        const int T = std::min((int)DRAFT_ROWS, n - c), p0 = start + c;
-        /* after fc, each kernel reads the one before it: PDL as in a forward of up to 32 rows */
-        const int pdl = b->use_pdl && T <= GRAPH_MAX_T;
+        const int T = std::min((int)DRAFT_ROWS, n - c), p0 = start + c, TA = T + A;
+        /* after fc (a full wait: the anchor rows are done too), each kernel reads the one before it: PDL as
+         * in a forward of up to 32 rows */
+        const int pdl = b->use_pdl && TA <= GRAPH_MAX_T;
         dmm_side(b, &b->fc, src + (size_t)c * b->fw, b->fw, T, b->dsx, D, NULL, 0);
         fmc_rmsnorm_rows(b->dsx, b->hidden_norm, T, D, hp->rms_eps, b->dsh, pdl, s);
         const int KW = 2 * D * hp->n_layers;
-        dmm_side(b, &b->ckv, b->dsh, D, T, b->dkv, KW, NULL, pdl);
+        dmm_side(b, &b->ckv, b->dsh, D, TA, b->dkv, KW, NULL, pdl);
         fmc_dr_kv_rows(b->dkv, KW, T, hp->n_heads, hp->head_dim, hp->n_layers, 2 * (size_t)D, D,
                        &b->dkv_layers, hp->qk_eps, NULL, p0, b->inv_freq, pdl, s);
     }
@@ -214,12 +234,13 @@ static int extend_side(fm_cuda_backend *b, const float *src, int n, int start, b
 }
 
 int drafter_extend(fm_cuda_backend *b, const float *src, int n, int start, char *err, size_t errlen) {
-    return extend_side(b, src, n, start, true, err, errlen);
+    return extend_side(b, src, n, start, true, NULL, err, errlen);
 }
 
 /* join 0: a draft's, whose graph waits for the rows where it first reads them (draft_forward). */
 static int flush_rows(fm_cuda_backend *b, bool join, char *err, size_t errlen) {
-    if (b->pend_rows && extend_side(b, b->pending, b->pend_rows, b->pend_start, join, err, errlen)) return -1;
+    if (b->pend_rows && extend_side(b, b->pending, b->pend_rows, b->pend_start, join, NULL, err, errlen))
+        return -1;
     b->pend_rows = 0;
     return 0;
 }
@@ -232,21 +253,39 @@ int flush_pending(fm_cuda_backend *b, char *err, size_t errlen) {
  * norm and RoPE) ran on the side stream ahead of the draft's anchor slot, behind the host's round trip
  * and the eager launches, and the draft's first cross-attention waited for both. Launched with the verify
  * block instead, it runs while the host reads the block's ids back (H100, one round: the drafter's part of a
- * round at simulated 6.5, 0.886 -> 0.863 ms; bench/RESULTS.md, forty-fifth session). The anchor slot still
- * waits for these rows, as the two share the side stream's buffers. The rows the loop does not keep are
- * written past the context it keeps: a draft reads positions up to its anchor only, and every position
- * below an anchor is committed before that draft. */
+ * round at simulated 6.5, 0.886 -> 0.863 ms; bench/RESULTS.md, forty-fifth session). The rows the loop does
+ * not keep are written past the context it keeps: a draft reads positions up to its anchor only, and every
+ * position below an anchor is committed before that draft. The draft's anchor slot (the embedding,
+ * anchor_proj, a norm and the cross K/V product of every layer: ~55 MB of weights at the 4B's shapes) ran
+ * after these rows on the same stream; when the loop decodes greedily its anchor is one of the block's
+ * argmaxes, so their slots go through the rows' products here, for a few more rows of the same reads, and
+ * the draft only norms, rotates and stores the one it takes. */
 int drafter_verify_rows(fm_cuda_backend *b, int n, char *err, size_t errlen) {
     if (!b->has_drafter || !b->early_rows || n < 2 || n > b->dhp.block + 1 || b->pend_rows ||
         b->pos > b->dlength || b->pos + n > b->dmax_ctx)
         return 0;
-    /* the side stream's last reads of spec_feat are done (a draft joined them, or this waits) */
+    /* the side stream's last reads of spec_feat / spec_am are done (a draft joined them, or this waits) */
     CK(cudaStreamWaitEvent(b->st, b->ev_ctx, 0));
     CK(cudaMemcpyAsync(b->spec_feat, b->feat, (size_t)n * b->fw * 4, cudaMemcpyDeviceToDevice, b->st));
-    if (extend_side(b, b->spec_feat, n, b->pos, false, err, errlen)) return -1;
+    /* The anchor slots too where the block's argmaxes are its tokens (greedy, no penalties: cu_eval keeps
+     * them as it reads them back) and the rows and the anchors take one narrow product. */
+    const bool anchors = b->early_anchor && fm_sampling_greedy(&b->sampling) &&
+                         !fm_sampling_penalized(&b->sampling) && 2 * n <= GRAPH_MAX_T;
+    if (anchors)
+        CK(cudaMemcpyAsync(b->spec_am, b->d_am, (size_t)n * sizeof *b->spec_am, cudaMemcpyDeviceToDevice,
+                           b->st));
+    if (extend_side(b, b->spec_feat, n, b->pos, false, anchors ? b->spec_am : NULL, err, errlen)) return -1;
     b->dlength = b->pos; /* held once committed */
     b->spec_start = b->pos, b->spec_rows = n;
+    if (anchors) b->anc_start = b->pos, b->anc_rows = n, b->anc_row0 = n; /* anc_tok: cu_eval */
     return 0;
+}
+
+void drafter_verify_tokens(fm_cuda_backend *b, const int32_t *ids, int n) {
+    if (b->anc_rows == n)
+        memcpy(b->anc_tok, ids, sizeof(int32_t) * (size_t)n);
+    else
+        b->anc_rows = 0;
 }
 
 int cu_commit_features(void *ctx, int n, int start, char *err, size_t errlen) {
@@ -292,13 +331,15 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
     cudaEventRecord(b->ev_fork, s);
     cudaStreamWaitEvent(s2, b->ev_fork, 0);
     cudaStreamWaitEvent(s2, b->ev_ctx, cs == cudaStreamCaptureStatusActive ? cudaEventWaitExternal : 0);
-    fmc_embed_q8(&b->tok, b->d_anchor, 1, b->dtmp, s2);
-    dmm_side(b, &b->anchor_proj, b->dtmp, H, 1, b->dsx, D, b->anchor_b, pdl);
-    fmc_rmsnorm_rows(b->dsx, b->anchor_norm, 1, D, hp->rms_eps, b->dsh, pdl, s2);
     const int KW = 2 * D * hp->n_layers;
-    dmm_side(b, &b->ckv, b->dsh, D, 1, b->dkv, KW, NULL, pdl);
+    if (!b->d_anc) {
+        fmc_embed_q8(&b->tok, b->d_anchor, 1, b->dtmp, s2);
+        dmm_side(b, &b->anchor_proj, b->dtmp, H, 1, b->dsx, D, b->anchor_b, pdl);
+        fmc_rmsnorm_rows(b->dsx, b->anchor_norm, 1, D, hp->rms_eps, b->dsh, pdl, s2);
+        dmm_side(b, &b->ckv, b->dsh, D, 1, b->dkv, KW, NULL, pdl);
+    } /* else cu_draft put a verify row's product into dkv row 0 */
     fmc_dr_kv_rows(b->dkv, KW, 1, nh, hd, hp->n_layers, 2 * (size_t)D, D, &b->dkv_layers, hp->qk_eps,
-                   b->d_dpos, 0, b->inv_freq, pdl, s2);
+                   b->d_dpos, 0, b->inv_freq, b->d_anc ? 0 : pdl, s2);
     cudaEventRecord(b->ev_join, s2);
     /* 2. Slots at pos+1 .. pos+K from slot_input, and their rotations (the main stream's first kernel: no
      * kernel before it to overlap). 3. The layers. */
@@ -348,10 +389,11 @@ static void draft_forward(fm_cuda_backend *b, int unused_T, int unused_mode) {
 }
 
 /* Draft shape g (0: the head, lm_head and argmax for 8 slots; 1: for the whole block) set up for the next
- * draft_forward, and with `graph` its graph captured if it is not yet. */
+ * draft_forward, with the anchor form b->d_anc and the attention form b->att_form, and with `graph` its
+ * graph captured if it is not yet. */
 int draft_shape(fm_cuda_backend *b, int g, int graph, char *err, size_t errlen) {
     b->d_rows = g ? b->dhp.block : 8;
-    cudaGraphExec_t *e = &b->draft_exec[g][b->att_form];
+    cudaGraphExec_t *e = &b->draft_exec[g][b->att_form][b->d_anc];
     return graph && !*e && capture(b, draft_forward, 0, 0, e, err, errlen);
 }
 
@@ -429,17 +471,29 @@ int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *
     cudaStream_t s = b->st;
     const int g = n_out > 8 || K <= 8;
     b->att_form = att_form_at(pos + 1);
+    /* the anchor's slot made with the verify block's rows: its row is the one before the anchor's position
+     * (nothing pending, whose rows would overwrite it) */
+    const int j = pos - 1 - b->anc_start;
+    b->d_anc = !b->pend_rows && b->anc_rows && j >= 0 && j < b->anc_rows && b->anc_tok[j] == anchor;
     if (draft_shape(b, g, b->use_graphs, err, errlen)) return -1;
     /* Nothing fails past here but the device: the context rows go to the side stream unjoined, as the
      * draft's graph waits for them itself (they read the pending features, which the next commit
      * overwrites only after the draft has been read back). */
     if (flush_rows(b, false, err, errlen)) return -1;
+    if (b->d_anc) { /* into dkv row 0, where the draft's own chain would put it; ev_ctx after the copy */
+        const size_t KW = 2 * (size_t)b->dhp.dim * b->dhp.n_layers;
+        CK(cudaMemcpyAsync(b->dkv, b->dkv + (size_t)(b->anc_row0 + j) * KW, KW * 4, cudaMemcpyDeviceToDevice,
+                           b->st2));
+        CK(cudaEventRecord(b->ev_ctx, b->st2));
+        b->anc_hits++;
+    }
+    b->anc_rows = 0; /* this draft's anchor slot writes dkv */
     b->h_ids[0] = anchor;
     *b->h_pos = pos;
     CK(cudaMemcpyAsync(b->d_anchor, b->h_ids, 4, cudaMemcpyHostToDevice, s));
     CK(cudaMemcpyAsync(b->d_dpos, b->h_pos, 4, cudaMemcpyHostToDevice, s));
     if (b->use_graphs)
-        CK(cudaGraphLaunch(b->draft_exec[g][b->att_form], s));
+        CK(cudaGraphLaunch(b->draft_exec[g][b->att_form][b->d_anc], s));
     else
         draft_forward(b, 0, 0);
     CK(cudaGetLastError());

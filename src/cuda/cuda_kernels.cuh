@@ -184,6 +184,8 @@ void fmc_ln_mod_quant(const float *x, const float *scale, const float *shift, in
                       int8_t *xq, float *xd, int pdl, cudaStream_t s);
 /* x[t] = dequantised rows ids[t] of a q8 table. */
 void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaStream_t s);
+/* The same for the tokens of argmaxes am [T] as fmc_argmax packs them. */
+void fmc_embed_q8_argmax(const fmc_q8 *tab, const unsigned long long *am, int T, float *x, cudaStream_t s);
 
 /* An experiment for the benchmark only (cuda_q8_persist.cu): 1-token products run back to back in one
  * persistent launch (form 0: each block runs the narrow kernel's blocks of every product in turn; 1: one ring
@@ -318,7 +320,7 @@ void fmc_attention_f32(const float *q, int T, int n_heads, int n_kv, int hd, con
 /* out[t] = max over i of (key(x[t][i]) << 32 | ~i): the argmax (ties to the lowest index, NaN never wins)
  * packed so that atomicMax finds it in any order. out must be zeroed first; fmc_argmax_index decodes it. */
 void fmc_argmax(const float *x, int T, int n, unsigned long long *out, int pdl, cudaStream_t s);
-static inline int32_t fmc_argmax_index(unsigned long long p) {
+__host__ __device__ static inline int32_t fmc_argmax_index(unsigned long long p) {
     return p ? (int32_t)(0xffffffffu - (uint32_t)(p & 0xffffffffu)) : 0;
 }
 /* The drafter's small kernels take pdl as the products do (cuda_device.cuh): with pdl = 1 they may start

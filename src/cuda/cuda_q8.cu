@@ -117,18 +117,35 @@ __device__ __forceinline__ float q8_get(const int4 *qs, const uint32_t *sc, int 
  * first kernel, and the draft's anchor), 10 loads a thread one after another. */
 enum { EMBED_CHUNK = 1024 };
 
+/* A row's index: a token id, or an argmax as fmc_argmax packs it (fmc_argmax_index). */
+__device__ __forceinline__ int64_t embed_row(int32_t id) {
+    return id;
+}
+__device__ __forceinline__ int64_t embed_row(unsigned long long am) {
+    return fmc_argmax_index(am);
+}
+
 /* grid (T, chunks of EMBED_CHUNK), 256 threads */
-__global__ void k_embed_q8(const int4 *qs, const uint32_t *sc, int K, const int32_t *ids, float *x) {
+template <class ID>
+__global__ void k_embed_q8(const int4 *qs, const uint32_t *sc, int K, const ID *ids, float *x) {
     pdl_trigger();
     const int t = blockIdx.x, end = min(K, (int)(blockIdx.y + 1) * EMBED_CHUNK);
-    const int64_t row = ids[t];
+    const int64_t row = embed_row(ids[t]);
     for (int i = blockIdx.y * EMBED_CHUNK + threadIdx.x; i < end; i += blockDim.x)
         x[(size_t)t * K + i] = q8_get(qs, sc, K / 32, row, i);
 }
 
-void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaStream_t s) {
+template <class ID> static void embed_q8(const fmc_q8 *tab, const ID *ids, int T, float *x, cudaStream_t s) {
     k_embed_q8<<<dim3(T, (tab->K + EMBED_CHUNK - 1) / EMBED_CHUNK), 256, 0, s>>>(tab->qs, tab->sc, tab->K,
                                                                                  ids, x);
+}
+
+void fmc_embed_q8(const fmc_q8 *tab, const int32_t *ids, int T, float *x, cudaStream_t s) {
+    embed_q8(tab, ids, T, x, s);
+}
+
+void fmc_embed_q8_argmax(const fmc_q8 *tab, const unsigned long long *am, int T, float *x, cudaStream_t s) {
+    embed_q8(tab, am, T, x, s);
 }
 
 /* ---- activations in fragment order ---- */

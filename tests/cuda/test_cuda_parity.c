@@ -134,14 +134,14 @@ static void check_early_rows(const fm_decode_backend *G, fm_cuda_backend *gb, co
         ps.speculative = 1, ps.verify = K;
         ps.sim_future = ig, ps.sim_future_len = ng, ps.sim_mean = 6.5, ps.sim_seed = 5;
         ps.trace = tr[e], ps.trace_cap = N_TRACE, ps.n_trace = &n_tr[e];
-        fm_cuda_debug_set_early_rows(gb, e == 0);
+        fm_cuda_debug_set_early_rows(gb, e == 0, 0);
         int32_t *is = NULL;
         int ns = 0;
         rc |= run(G, prompt, NP, &ps, &is, &ns, &st) || ns != ng || memcmp(is, ig, sizeof(int32_t) * ng);
         rc |= fm_cuda_debug_draft_logits(gb, lg[e], K);
         free(is);
     }
-    fm_cuda_debug_set_early_rows(gb, 1);
+    fm_cuda_debug_set_early_rows(gb, 1, 0); /* the defaults */
     int same = !rc && n_tr[0] == n_tr[1] && n_tr[0] > 0, acc = 0;
     for (int r = 0; same && r < n_tr[0]; r++) {
         same = tr[0][r].pos == tr[1][r].pos && tr[0][r].accepted == tr[1][r].accepted &&
@@ -155,6 +155,62 @@ static void check_early_rows(const fm_decode_backend *G, fm_cuda_backend *gb, co
     CHECK(!rc && !memcmp(lg[0], lg[1], sizeof(float) * (size_t)K * V),
           "%s: verify 7, simulated 6.5: the last draft's logits, rows early == committed, bit for bit", what);
     free(tr[0]), free(tr[1]), free(lg[0]), free(lg[1]);
+}
+
+/* The anchor slots made with a verify block's rows (FMC_EARLY_ANCHOR=1): after a block of 8 at NP whose
+ * first n rows are kept, the draft from row n-1's argmax takes that row's slot (the hit counter says so), and
+ * its logits equal those of the same draft making its own slot, up to the rounding of products of 16 rows
+ * against 1 (rel <= 1e-4; bit for bit where those agree, which the line reports). A draft from another
+ * anchor moves the logits, which shows the bound would see a slot of the wrong token: its error must be 100
+ * times the taken slot's. */
+static void check_anchor_slots(const fm_decode_backend *G, fm_cuda_backend *gb, const int32_t *prompt, int NP,
+                               int V, const char *what) {
+    enum { K = 7 };
+    static const int kept[] = {1, 4, K + 1};
+    char err[512] = "";
+    float *lg[3];
+    for (int i = 0; i < 3; i++) lg[i] = malloc(sizeof(float) * K * (size_t)V);
+    int32_t next, block[K + 1], rows[K + 1], d[K];
+    const fm_sampling greedy = {0, 0, 1, 0, 0, 0, 0, 0, 0};
+    G->reset(G->ctx);
+    fm_cuda_debug_set_early_rows(gb, 1, 1);
+    int rc = G->set_sampling(G->ctx, &greedy, err, sizeof err) ||
+             G->eval(G->ctx, prompt, NP, 0, &next, err, sizeof err) ||
+             G->commit_features(G->ctx, NP, 0, err, sizeof err) ||
+             G->draft(G->ctx, next, NP, K, d, err, sizeof err);
+    block[0] = next;
+    memcpy(block + 1, d, sizeof d);
+    for (size_t t = 0; !rc && t < sizeof kept / sizeof kept[0]; t++) {
+        const int n = kept[t];
+        G->rewind(G->ctx, NP);
+        rc = G->eval(G->ctx, block, K + 1, 1, rows, err, sizeof err);
+        G->rewind(G->ctx, NP + n);
+        rc = rc || G->commit_features(G->ctx, n, NP, err, sizeof err);
+        const int32_t anchor = rows[n - 1], other = (anchor + 1) % V;
+        fm_cuda_debug_set_early_rows(gb, 1, 1);
+        const long h0 = fm_cuda_debug_anchor_hits(gb);
+        rc = rc || G->draft(G->ctx, anchor, NP + n, K, d, err, sizeof err) ||
+             fm_cuda_debug_draft_logits(gb, lg[0], K);
+        const long hits = fm_cuda_debug_anchor_hits(gb) - h0;
+        fm_cuda_debug_set_early_rows(gb, 1, 0);
+        rc = rc || G->draft(G->ctx, anchor, NP + n, K, d, err, sizeof err) ||
+             fm_cuda_debug_draft_logits(gb, lg[1], K) ||
+             G->draft(G->ctx, other, NP + n, K, d, err, sizeof err) ||
+             fm_cuda_debug_draft_logits(gb, lg[2], K);
+        if (rc) printf("anchor slot error: %s\n", err);
+        const size_t nl = (size_t)K * V;
+        const double e = rc ? 1 : hx_rel_err(lg[0], lg[1], nl), eo = rc ? 0 : hx_rel_err(lg[2], lg[1], nl);
+        CHECK(!rc && hits == 1 && fm_cuda_debug_anchor_hits(gb) - h0 == 1 && e <= 1e-4 && eo > 0 &&
+                  e * 100 <= eo,
+              "%s: %d of a block of 8 kept: the draft took the anchor slot made with the rows (%ld); its "
+              "logits "
+              "vs the draft's own slot: rel %.2e (%s), another anchor's %.2e",
+              what, n, hits, e,
+              !rc && !memcmp(lg[0], lg[1], sizeof(float) * nl) ? "bit for bit" : "not bit for bit", eo);
+    }
+    if (rc) CHECK(0, "%s: anchor slots: %s", what, err); /* the setup's, or a failed check's error again */
+    fm_cuda_debug_set_early_rows(gb, 1, 0);              /* the defaults */
+    for (int i = 0; i < 3; i++) free(lg[i]);
 }
 
 /* Sampling on the GPU: a forward's draws (candidates gathered on the GPU) equal the host sampler's draws on
@@ -369,6 +425,7 @@ static void q8_drafter_checks(qwen3_model *m, fm_pool *pool, qwen3_state *cs, co
     const int verify_modes[] = {0, 7, 16};
     check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 3, what, NULL);
     check_early_rows(&G, gq, prompt, NP, ig, ng, m->hp.vocab, what);
+    check_anchor_slots(&G, gq, prompt, NP, m->hp.vocab, what);
     fm_cuda_backend_free(gq);
     fm_drafter_free(dq);
 }
@@ -718,6 +775,7 @@ static void one_model(const char *dir, int tied, uint64_t seed) {
     snprintf(label, sizeof label, "tied=%d", tied);
     check_spec_equals_plain(&G, prompt, NP, ig, ng, verify_modes, 5, label, NULL);
     check_early_rows(&G, gb, prompt, NP, ig, ng, V, label);
+    check_anchor_slots(&G, gb, prompt, NP, V, label);
     check_sampling(&G, gb, prompt, NP, V, label);
     q8_drafter_checks(m, pool, cs, dpath, n_ctx, cap, ncap, prompt, NP, tied, ig, ng);
     check_prompt_rows_equal_steps(m, d, n_ctx, cap, ncap, tied, seed);
