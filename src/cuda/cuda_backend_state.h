@@ -145,7 +145,7 @@ struct fm_cuda_backend {
      * (spec_am, a copy of d_am) go through the same products as the rows: dkv rows anc_row0 + i, i <
      * anc_rows, hold token anc_tok[i]'s, until the side stream's next chain writes dkv. spec_emb [block +
      * 1][target_dim]: their embeddings. early_anchor: 1 turns it on (FMC_EARLY_ANCHOR=1,
-     * fm_cuda_debug_set_early_rows; off by default until a device has measured it); anc_hits counts the
+     * fm_cuda_debug_set_early_rows; off by default: no gain shown yet); anc_hits counts the
      * drafts that took one (the tests' evidence). */
     unsigned long long *spec_am;
     float *spec_emb;

@@ -136,7 +136,7 @@ int create_drafter(fm_cuda_backend *b, const fm_drafter *d, char *err, size_t er
     DALLOC(b->spec_emb, (size_t)(K + 1) * H * 4);
     const char *er = getenv("FMC_EARLY_ROWS"), *ea = getenv("FMC_EARLY_ANCHOR");
     b->early_rows = !(er && er[0] == '0');
-    b->early_anchor = ea && ea[0] == '1'; /* off until measured on a device (bench/RESULTS.md) */
+    b->early_anchor = ea && ea[0] == '1'; /* off: no gain shown yet (bench/RESULTS.md) */
     return 0;
 }
 
