@@ -142,14 +142,14 @@ struct fm_cuda_backend {
     /* The anchor slot of every row's token, made with the block's rows: where the loop decodes greedily,
      * the next anchor is the argmax of the row after the drafts it keeps. Its slot's K/V (embedding,
      * anchor_proj, norm, cross K/V product; not yet normed or rotated) for each of the block's argmaxes
-     * (spec_am, a copy of d_am) go through the same products as the rows: dkv rows anc_row0 + i, i <
-     * anc_rows, hold token anc_tok[i]'s, until the side stream's next chain writes dkv. spec_emb [block +
-     * 1][target_dim]: their embeddings. early_anchor: 1 turns it on (FMC_EARLY_ANCHOR=1,
-     * fm_cuda_debug_set_early_rows; off by default: no gain shown yet); anc_hits counts the
-     * drafts that took one (the tests' evidence). */
+     * (spec_am, a copy of d_am) go through the same products as the rows: dkv rows anc_rows + i, i <
+     * anc_rows (after the block's own rows), hold token anc_tok[i]'s, until the side stream's next chain
+     * writes dkv. spec_emb [block + 1][target_dim]: their embeddings. early_anchor: 1 turns it on
+     * (FMC_EARLY_ANCHOR=1, fm_cuda_debug_set_early_rows; off by default: no gain shown yet); anc_hits counts
+     * the drafts that took one (the tests' evidence). */
     unsigned long long *spec_am;
     float *spec_emb;
-    int anc_start, anc_rows, anc_row0, early_anchor;
+    int anc_start, anc_rows, early_anchor;
     int32_t anc_tok[FM_DRAFTER_MAX_BLOCK + 1];
     long anc_hits;
 };

@@ -277,7 +277,7 @@ int drafter_verify_rows(fm_cuda_backend *b, int n, char *err, size_t errlen) {
     if (extend_side(b, b->spec_feat, n, b->pos, false, anchors ? b->spec_am : NULL, err, errlen)) return -1;
     b->dlength = b->pos; /* held once committed */
     b->spec_start = b->pos, b->spec_rows = n;
-    if (anchors) b->anc_start = b->pos, b->anc_rows = n, b->anc_row0 = n; /* anc_tok: cu_eval */
+    if (anchors) b->anc_start = b->pos, b->anc_rows = n; /* anc_tok: cu_eval */
     return 0;
 }
 
@@ -482,7 +482,7 @@ int cu_draft(void *ctx, int32_t anchor, int pos, int n_out, int32_t *out, char *
     if (flush_rows(b, false, err, errlen)) return -1;
     if (b->d_anc) { /* into dkv row 0, where the draft's own chain would put it; ev_ctx after the copy */
         const size_t KW = 2 * (size_t)b->dhp.dim * b->dhp.n_layers;
-        CK(cudaMemcpyAsync(b->dkv, b->dkv + (size_t)(b->anc_row0 + j) * KW, KW * 4, cudaMemcpyDeviceToDevice,
+        CK(cudaMemcpyAsync(b->dkv, b->dkv + (size_t)(b->anc_rows + j) * KW, KW * 4, cudaMemcpyDeviceToDevice,
                            b->st2));
         CK(cudaEventRecord(b->ev_ctx, b->st2));
         b->anc_hits++;
