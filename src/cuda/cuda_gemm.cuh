@@ -47,6 +47,21 @@ __host__ __device__ constexpr size_t gemm_cluster_floats(int kc, int rt, int NT)
     return (size_t)kc * rt * NT * 4 * 32;
 }
 
+/* acc[n][j] += p[q * stride + (n * 4 + j) * 32] for q = 1 .. count - 1, in that order (round to nearest
+ * each time: a merge's sums are the same whichever way they came). */
+template <int NT>
+__device__ __forceinline__ void gemm_add_in_order(float (&acc)[NT][4], int count, const float *p,
+                                                  size_t stride) {
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float v = acc[n][j];
+            for (int q = 1; q < count; q++) v = __fadd_rn(v, p[q * stride + (n * 4 + j) * 32]);
+            acc[n][j] = v;
+        }
+}
+
 /* The w warps of a tile (this warp its K share i; red: shared [warps][NT][4][32] of the block's warps) add
  * their sums in warp order into warp i == 0's acc; bar: a barrier of (at least) those w warps. */
 template <int NT, class BAR>
@@ -58,16 +73,7 @@ __device__ __forceinline__ void gemm_merge_warps(float (&acc)[NT][4], int w, int
 #pragma unroll
         for (int j = 0; j < 4; j++) red[((warp * NT + n) * 4 + j) * 32 + lane] = acc[n][j];
     bar.sync();
-    if (i == 0)
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float v = acc[n][j];
-                for (int q = 1; q < w; q++)
-                    v = __fadd_rn(v, red[(((warp + q) * NT + n) * 4 + j) * 32 + lane]);
-                acc[n][j] = v;
-            }
+    if (i == 0) gemm_add_in_order(acc, w, red + (size_t)warp * NT * 4 * 32 + lane, (size_t)NT * 4 * 32);
 }
 
 /* Merges the partial sums acc of warp (r, i) (tile r of the group, K share i) of block kci of group `group`:
@@ -108,16 +114,7 @@ __device__ int gemm_merge(float (&acc)[NT][4], const fmc_split &sp, int group, i
             return -1;
         }
         cl.sync();
-        if (i == 0)
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float v = acc[n][j];
-                    for (int k = 1; k < sp.kc; k++)
-                        v = __fadd_rn(v, cs[((size_t)k * sp.rt + r) * tile + (n * 4 + j) * 32 + lane]);
-                    acc[n][j] = v;
-                }
+        if (i == 0) gemm_add_in_order(acc, sp.kc, cs + (size_t)r * tile + lane, (size_t)sp.rt * tile);
         return i == 0;
 #else
         __trap(); /* the host launches clusters on sm_90 and newer only */
