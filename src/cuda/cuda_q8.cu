@@ -296,6 +296,10 @@ static int g_maxb = -1;
 /* Shared memory of an SM, and what a block takes besides its dynamic share (the reserved 1 KB on sm_80/90
  * and at most 1.5 KB of static shared memory in these kernels). */
 static size_t g_sm_bytes = (size_t)228 * 1024, g_block_extra = 2560;
+/* Blocks of `smem` dynamic shared memory each that fit an SM. */
+static unsigned blocks_fit_sm(size_t smem) {
+    return (unsigned)(g_sm_bytes / (smem + g_block_extra));
+}
 
 /* A narrow launch's shared memory, grown (never shrunk, at most `limit`) so that at most the cap of its
  * blocks fit an SM. The block scheduler does not spread a one-wave grid evenly by itself: the step's qkv
@@ -304,7 +308,7 @@ static size_t g_sm_bytes = (size_t)228 * 1024, g_block_extra = 2560;
  * gate/up, down: 608-640 blocks, 5 an SM) are left as they are: padding them cost the step 4 % (it leaves no
  * room for the next kernel's blocks, which PDL starts early). The BF16 products use it too (cuda_bf16.cu). */
 size_t fmc_gemm_spread(size_t smem, unsigned blocks, size_t limit) {
-    const unsigned sms = (unsigned)fmc_sm_count(), fit = (unsigned)(g_sm_bytes / (smem + g_block_extra));
+    const unsigned sms = (unsigned)fmc_sm_count(), fit = blocks_fit_sm(smem);
     const unsigned cap = g_maxb < 0 ? (blocks + sms - 1) / sms : (unsigned)g_maxb;
     if (cap == 0 || cap >= fit || blocks > cap * sms) return smem;
     const size_t room = g_sm_bytes / cap - g_block_extra;
@@ -382,7 +386,7 @@ static void q8_rows_run(const fmc_q8 *w, const q8_args &a, int mode, int rd, int
     if (NT == nt && mode == m) k = k_q8_rows<nt, m>;
     Q8_ROWS_KERNELS(X)
 #undef X
-    const int by_smem = (int)(g_sm_bytes / (smem + g_block_extra)), by_regs = g_rows_fit[NT - 1][mode];
+    const int by_smem = (int)blocks_fit_sm(smem), by_regs = g_rows_fit[NT - 1][mode];
     const int fit = std::max(1, std::min(by_smem, by_regs));
     const int blocks = std::min((NT16 + groups - 1) / groups, fit * fmc_sm_count());
     const int per = ((NT16 + blocks - 1) / blocks + groups - 1) / groups * groups;
