@@ -165,22 +165,22 @@ __device__ __forceinline__ void dr_norm_rope_head(float *x, int ld, int hd, cons
     ss = block_sum_d(ss);
     const float rs = (float)(1.0 / sqrt(ss / hd + eps));
     const float pf = (float)(p0 + t);
+    const size_t at = (size_t)(p0 + t) * D + h * hd; /* the row's head in the caches */
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float2 cs = rope ? rope[(size_t)t * half + i] : dr_rot(pf, inv_freq, i);
         const float2 o =
             dr_norm_rot_pair(__ldcg(r + 2 * i), __ldcg(r + 2 * i + 1), w[2 * i], w[2 * i + 1], rs, cs);
-        const float o0 = o.x, o1 = o.y;
         if (kc) {
-            kc[(size_t)(p0 + t) * D + h * hd + 2 * i] = __float2half_rn(o0);
-            kc[(size_t)(p0 + t) * D + h * hd + 2 * i + 1] = __float2half_rn(o1);
+            kc[at + 2 * i] = __float2half_rn(o.x);
+            kc[at + 2 * i + 1] = __float2half_rn(o.y);
         } else {
-            r[2 * i] = o0;
-            r[2 * i + 1] = o1;
+            r[2 * i] = o.x;
+            r[2 * i + 1] = o.y;
         }
     }
     if (kc)
         for (int i = threadIdx.x; i < hd; i += blockDim.x)
-            vc[(size_t)(p0 + t) * D + h * hd + i] = __float2half_rn(__ldcg(v + (size_t)t * ld + h * hd + i));
+            vc[at + i] = __float2half_rn(__ldcg(v + (size_t)t * ld + h * hd + i));
 }
 
 /* grid (T, n_heads) */
