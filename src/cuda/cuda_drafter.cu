@@ -211,8 +211,8 @@ static int extend_side(fm_cuda_backend *b, const float *src, int n, int start, b
     cudaStream_t s = b->st2;
     CK(cudaEventRecord(b->ev_main, b->st));
     CK(cudaStreamWaitEvent(s, b->ev_main, 0));
-    b->anc_rows = 0;                                 /* dkv is written again */
     const int A = am && 2 * n <= DRAFT_ROWS ? n : 0; /* one chunk */
+    b->anc_start = start, b->anc_rows = A;           /* dkv is written again; anc_tok: cu_eval */
     if (A) anchor_rows_side(b, am, A);
     for (int c = 0; c < n; c += DRAFT_ROWS) {
         const int T = std::min((int)DRAFT_ROWS, n - c), p0 = start + c, TA = T + A;
@@ -277,7 +277,6 @@ int drafter_verify_rows(fm_cuda_backend *b, int n, char *err, size_t errlen) {
     if (extend_side(b, b->spec_feat, n, b->pos, false, anchors ? b->spec_am : NULL, err, errlen)) return -1;
     b->dlength = b->pos; /* held once committed */
     b->spec_start = b->pos, b->spec_rows = n;
-    if (anchors) b->anc_start = b->pos, b->anc_rows = n; /* anc_tok: cu_eval */
     return 0;
 }
 
