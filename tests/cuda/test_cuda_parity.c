@@ -188,11 +188,11 @@ static void check_anchor_slots(const fm_decode_backend *G, fm_cuda_backend *gb, 
     for (size_t t = 0; !rc && t < sizeof kept / sizeof kept[0]; t++) {
         const int n = kept[t];
         G->rewind(G->ctx, NP);
+        fm_cuda_debug_set_early_rows(gb, 1, 1); /* before the block: it forgets the slots made so far */
         rc = G->eval(G->ctx, block, K + 1, 1, rows, err, sizeof err);
         G->rewind(G->ctx, NP + n);
         rc = rc || G->commit_features(G->ctx, n, NP, err, sizeof err);
         const int32_t anchor = rows[n - 1], other = (anchor + 1) % V;
-        fm_cuda_debug_set_early_rows(gb, 1, 1);
         const long h0 = fm_cuda_debug_anchor_hits(gb);
         rc = rc || G->draft(G->ctx, anchor, NP + n, K, d, err, sizeof err) ||
              fm_cuda_debug_draft_logits(gb, lg[0], K);
