@@ -50,12 +50,6 @@
 #ifndef FM_MK_NOCOPY
 #define FM_MK_NOCOPY 0
 #endif
-/* -DFM_MK_FLAGMERGE=1 (experiment): a step's merge waits only for its KV group's splits (a count per group,
- * released by each split unit) instead of a grid barrier after the attention, and runs on the blocks that had
- * no attention unit. */
-#ifndef FM_MK_FLAGMERGE
-#define FM_MK_FLAGMERGE 0
-#endif
 
 namespace {
 
@@ -72,8 +66,7 @@ enum {
     MK_CH = 16,                        /* splits the merge folds a chunk (two buffers: 16.6 KB) */
     MK_QR = 16,                        /* query rows of an attention unit (attn_split_tile_kw) */
     MK_TRACE = 18,                     /* phase boundaries a layer (fmc_mk_trace) */
-    MK_PROF = 16,   /* FM_MK_PROFILE's counts a layer: 4 products x [wait, issue, stream, stages] */
-    MK_MAX_KV = 31, /* FM_MK_FLAGMERGE's counts after the barrier's (128 bytes in all) */
+    MK_PROF = 16, /* FM_MK_PROFILE's counts a layer: 4 products x [wait, issue, stream, stages] */
 };
 /* The products' reduction buffer of W warps: [round parity][group slot][warp of the slot][4][32]. */
 __host__ __device__ constexpr int mk_red_floats(int W) {
@@ -102,8 +95,7 @@ struct mk_layer {
 struct mk_params {
     const mk_layer *L;                     /* [n_layers], copied into each block's shared memory */
     const unsigned short *gstart, *gcount; /* [4 products][blocks]: each block's run of groups */
-    unsigned *bar; /* the grid barrier's arrivals, then (FM_MK_FLAGMERGE) MK_MAX_KV groups' finished splits
-                      (zeroed before each launch) */
+    unsigned *bar;                         /* the grid barrier's arrivals (zeroed before each launch) */
     float *x, *qkv, *part;
     float *q;   /* a verify launch's normed and rotated queries [T][n_heads * hd] */
     int8_t *xq; /* the attention's and the GLU's quantised output, fragment order */
@@ -688,36 +680,17 @@ __global__ void __launch_bounds__(W * 32, 1) k_megakernel(const __grid_constant_
                                                   named_bar{MK_BAR_GRP + 1 + tile, 128});
             }
             named_sync(MK_BAR_ALL, THREADS); /* Ks / Vs / Qs are rewritten next */
-            if (FM_MK_FLAGMERGE && TT == 1 && tid == 0) red_release(P.bar + 1 + g, 1u); /* its partials */
         }
+        sync(6);
         /* merge + quantise: a (head, token) per HD threads of the first Q8_THREADS */
-        constexpr bool flag = FM_MK_FLAGMERGE && TT == 1;
-        int mb = blockIdx.x; /* the block's place in the merge's order */
-        if (flag) {          /* the blocks past the attention's units first */
-            mb = ((int)blockIdx.x - att_units) % nblk;
-            mb += mb < 0 ? nblk : 0;
-            mark(6), mark(7);
-        } else {
-            sync(6);
-        }
         if (tid < Q8_THREADS) {
             constexpr int UPB = Q8_THREADS / HD;
             const int us = tid / HD;
             float *buf = (float *)m.scratch + (size_t)us * 2 * MK_CH * (HD + 2);
-            for (int h = us * nblk + mb; h < n_heads * T; h += UPB * nblk) {
-                if (flag) { /* its group's splits of this layer, then read through L2 as after a barrier */
-                    const unsigned *c = P.bar + 1 + (h % n_heads) / G, want = (l + 1) * (att_units / n_kv);
-                    if (tid % HD == 0 && ld_acquire(c) < want) {
-                        const unsigned long long t0 = global_ns();
-                        while (ld_acquire(c) < want)
-                            if (global_ns() - t0 > MK_TIMEOUT_NS) __trap();
-                    }
-                    named_sync(MK_BAR_MERGE + us, HD);
-                }
+            for (int h = us * nblk + blockIdx.x; h < n_heads * T; h += UPB * nblk)
                 attn_combine_head<HD, MK_CH>(n_heads, h % n_heads, h / n_heads, *P.pos + h / n_heads + 1,
                                              P.max_splits, P.part, buf, P.xq, P.xd, NULL, tid % HD,
                                              mk_combine{{MK_BAR_MERGE + us, HD}});
-            }
         }
         sync(8);
         /* wo, += x */
@@ -830,7 +803,6 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     const int TT = d->tokens > 1 ? 8 : 1, G = d->n_heads / d->n_kv;
     if (d->hd != 32 && d->hd != 64 && d->hd != 128) return no("head_dim must be 32, 64 or 128");
     if (G > MK_QR) return no("more than 16 query heads per KV head");
-    if (FM_MK_FLAGMERGE && d->n_kv > MK_MAX_KV) return no("more than 31 KV heads");
     /* a verify unit's two tiles hold 32 (token, head) rows */
     const int max_T = TT == 1 ? 1 : std::min(TT, 2 * MK_QR / G);
     if (TT > 1 && max_T < 2) return no("more than 16 query heads per KV head for a verify block");
@@ -916,7 +888,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     };
     void *dl = NULL, *ds = NULL, *dc = NULL, *db = NULL;
     if (up(&dl, layers.data(), layers.size() * sizeof(mk_layer)) || up(&ds, start.data(), start.size() * 2) ||
-        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4 * (1 + MK_MAX_KV))) {
+        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4)) {
         fmc_mk_free(mk);
         snprintf(why, whylen, "cuda: out of device memory for the persistent kernel's tables");
         return -1;
@@ -930,7 +902,7 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
 void fmc_mk_launch(const fmc_mk *mk, int T, cudaStream_t s) {
     mk_params p = mk->p;
     p.T = T;
-    cudaMemsetAsync(mk->p.bar, 0, FM_MK_FLAGMERGE ? 4 * (1 + MK_MAX_KV) : 4, s);
+    cudaMemsetAsync(mk->p.bar, 0, 4, s);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(mk->grid);
     cfg.blockDim = dim3((unsigned)mk->warps * 32);
