@@ -29,7 +29,9 @@ void fm_cuda_debug_set_graphs(fm_cuda_backend *b, int on);
 /* rows 1 (default): a verify block's rows go into the drafter's context as the block is launched, and the
  * commit keeps a prefix of them; 0: the committed rows go there at the next draft (FMC_EARLY_ROWS=0).
  * anchors 1 (FMC_EARLY_ANCHOR=1): with them, the anchor slot of each row's argmax, which the next draft
- * takes when its anchor is one; 0 (default): the draft makes its anchor slot itself. */
+ * takes when its anchor is one; 0 (default): the draft makes its anchor slot itself. Either way it forgets
+ * the rows and slots a block has made so far: call it before the block, not between the block and the draft.
+ */
 void fm_cuda_debug_set_early_rows(fm_cuda_backend *b, int rows, int anchors);
 /* Drafts so far whose anchor slot was made with a verify block's rows. */
 long fm_cuda_debug_anchor_hits(const fm_cuda_backend *b);
