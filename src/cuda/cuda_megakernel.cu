@@ -50,14 +50,6 @@
 #ifndef FM_MK_NOCOPY
 #define FM_MK_NOCOPY 0
 #endif
-/* -DFM_MK_GLU16=1 (experiment): a step's gate/up in groups of 16 rows (a gate tile and its up tile, on slots
- * of 2 warps: 608 groups of Qwen3-4B, 4-5 a block in one round) instead of 32 (4 tiles on slots of 4: 2-3 a
- * block, the 3-group blocks streaming alone at the end). A 32-block of the GLU's output then spans two
- * groups, so the product writes silu(gate) * up as f32 (P.gf) and down's activation load quantises it in
- * every block (quant_lanes8 gives quant_lane's bits). Verify blocks keep the 32-row groups. */
-#ifndef FM_MK_GLU16
-#define FM_MK_GLU16 0
-#endif
 
 namespace {
 
@@ -92,7 +84,7 @@ constexpr size_t mk_act_bytes(int TT) {
 struct mk_mat {
     const int4 *qs;
     const uint32_t *sc;
-    int N, K, w, glu; /* glu: 1 for gate/up in 32-row groups, 2 in 16-row groups (FM_MK_GLU16) */
+    int N, K, w, glu;
 };
 struct mk_layer {
     mk_mat m[4]; /* qkv, wo, gate/up, down */
@@ -119,7 +111,6 @@ struct mk_params {
                                   then each block's SM */
     unsigned long long *prof;  /* FM_MK_PROFILE: [blocks][n_layers][4 products][wait, issue, stream, stage] */
     float eps;
-    float *gf; /* FM_MK_GLU16: a step's GLU output, f32 [ffn] */
 };
 
 /* The device code below uses sm_90's copy engine and mbarriers; the portable PTX pass (compute_80) compiles
@@ -174,10 +165,6 @@ template <int W> __device__ __forceinline__ void mk_grid_sync(unsigned *bar, uns
  * split into w shares (q8_gemm_block's). */
 __device__ __forceinline__ int mk_unit(const mk_mat &M, int gr, int r, int *kb0, int *nbw) {
     const int NB = M.K >> 5, NT16 = (M.N + 15) >> 4;
-    if (FM_MK_GLU16 && M.glu == 2) { /* a gate tile and its up tile */
-        *kb0 = 0, *nbw = NB;
-        return r == 0 ? gr : NT16 / 2 + gr;
-    }
     if (M.glu) {
         *kb0 = 0, *nbw = NB;
         return r < 2 ? 2 * gr + r : NT16 / 2 + 2 * gr + r - 2;
@@ -186,13 +173,12 @@ __device__ __forceinline__ int mk_unit(const mk_mat &M, int gr, int r, int *kb0,
     return gr;
 }
 __device__ __forceinline__ int mk_units(const mk_mat &M) {
-    return FM_MK_GLU16 && M.glu == 2 ? 2 : M.glu ? 4 : M.w;
+    return M.glu ? 4 : M.w;
 }
 /* log2 of a product's slot width: 4 warps, 8 where its groups have 8 units (16 warps only: fmc_mk_create
  * checks). 12 warps take slots of 4 as constants: computing the width cost their step 0.3-0.7 % and verify(8)
  * 1-2 % on an H100 (bench/RESULTS.md, thirty-ninth session). */
 template <int W> __device__ __forceinline__ int mk_slot_shift(const mk_mat &M) {
-    if (FM_MK_GLU16 && M.glu == 2) return 1;
     return W == 16 && mk_units(M) > 4 ? 3 : 2;
 }
 
@@ -417,35 +403,6 @@ __device__ void mk_load_act(const int8_t *xq, const float *xd, int K, const mk_s
     named_sync(MK_BAR_ALL, W * 32);
 }
 
-/* FM_MK_GLU16: a step's GLU output (f32 [K], through L2: every block wrote a part) quantised into the block's
- * activations as mk_load_act would have loaded q8_glu_out's: quant_lanes8 (8 lanes a 32-block, 4 blocks a
- * warp) gives quant_lane's quants and scale. All loads of a thread are issued before the first is used. */
-template <int W> __device__ void mk_load_glu(const float *gf, int K, const mk_smem &m) {
-    constexpr int STEP = W * 4, R = 8; /* 32-blocks a pass of the block, passes a load batch */
-    const int NB = K >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, i = lane & 7;
-    const mk_smem_sink sink = {m.xs, m.ds};
-    for (int base = warp * 4 + (lane >> 3); base - (lane >> 3) < NB; base += STEP * R) {
-        float4 v[R];
-#pragma unroll
-        for (int k = 0; k < R; k++) {
-            const int b = base + k * STEP;
-            v[k] = b < NB ? ld_cg4(gf + (size_t)b * 32 + 4 * i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int k = 0; k < R; k++) {
-            const int b = base + k * STEP;
-            const float f[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
-            uint32_t q;
-            const float d = quant_lanes8(f, &q); /* every lane: it shuffles */
-            if (b < NB) {
-                sink.word(b, i, q);
-                if (i == 0) sink.scale(b, d);
-            }
-        }
-    }
-    named_sync(MK_BAR_ALL, W * 32);
-}
-
 /* The calling warp's unit of nbw 32-blocks from kb0 of the product's activations (the block's m.xs / m.ds),
  * its stages taken from the warp's ring, into acc (fmc_split's order: acc = fma(isum, dw * dx, acc)). TT =
  * 1: every lane takes token 0's fragment (the sums of the columns past 0 are neither made nor stored); 8:
@@ -529,22 +486,14 @@ __device__ __forceinline__ void mk_product(const mk_mat &M, const q8_args &a, in
         }
         /* two buffers by round parity: warp 0 reads round jr's while the others fill round jr + 1's */
         float *rb = m.red + (((jr & 1) * nsl + slot) << sh) * 4 * 32;
-        const int glu16 = FM_MK_GLU16 && M.glu == 2, ts = glu16 ? 32 : 64; /* a token's gate and up rows */
         if (M.glu) {
 #pragma unroll
-            for (int j = 0; j < 4; j++) rb[(2 * c + (j & 1)) * ts + r * 16 + g + (j >> 1) * 8] = acc[j];
+            for (int j = 0; j < 4; j++) rb[(2 * c + (j & 1)) * 64 + r * 16 + g + (j >> 1) * 8] = acc[j];
         } else if (r < units) {
 #pragma unroll
             for (int j = 0; j < 4; j++) rb[(r * 4 + j) * 32 + lane] = acc[j];
         }
         named_sync(MK_BAR_SLOT + slot, 32 << sh);
-        if (glu16) { /* warp r: tokens r, r + 2, the f32 value of the group's 16 features */
-            for (int t = r; t < a.T; t += 2)
-                if (lane < 16)
-                    a.y[(size_t)t * a.ldy + gr * 16 + lane] =
-                        glu_silu_mul(rb[t * 32 + lane], rb[t * 32 + 16 + lane]);
-            continue;
-        }
         if (M.glu) { /* warp r: tokens r, r + 4 (each warp reads round jr's buffer before its next barrier) */
             for (int t = r; t < a.T; t += 4)
                 q8_glu_out(a, t, gr, M.N / 64, rb[t * 64 + lane], rb[t * 64 + 32 + lane]);
@@ -755,14 +704,10 @@ __global__ void __launch_bounds__(W * 32, 1) k_megakernel(const __grid_constant_
         norm();
         if (l + 1 < P.n_layers) mk_norm_fetch<W>(m, nws, m.L[l + 1].attn_norm, P.dim);
         mark(13);
-        product(2, std::integral_constant<int, Q8_GLU>(),
-                mk_args(T, FM_MK_GLU16 ? P.gf : NULL, FM_MK_GLU16 ? P.ffn : 0, NULL, 0, P.xq, P.xd));
+        product(2, std::integral_constant<int, Q8_GLU>(), mk_args(T, NULL, 0, NULL, 0, P.xq, P.xd));
         sync(14);
         /* down, += x (and the drafter's captured copy) */
-        if (FM_MK_GLU16 && TT == 1)
-            mk_load_glu<W>(P.gf, P.ffn, m);
-        else
-            mk_load_act<TT, W>(P.xq, P.xd, P.ffn, m);
+        mk_load_act<TT, W>(P.xq, P.xd, P.ffn, m);
         mark(16);
         product(3, std::integral_constant<int, Q8_ADD>(), mk_args(T, P.x, P.dim, L.cap, P.ldcap, NULL, NULL));
         mark(17);
@@ -912,14 +857,12 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     p.xqn = d->xqn, p.xdn = d->xdn;
     p.T = 1, p.ldcap = d->ldcap;
     p.rope = d->rope, p.pos = d->pos;
-    const int glu = FM_MK_GLU16 && TT == 1 ? 2 : 1; /* gate/up's groups: 32 rows, or 16 */
     std::vector<mk_layer> layers(d->n_layers);
     for (int l = 0; l < d->n_layers; l++) {
         const fmc_mk_layer &S = d->layers[l];
         const fmc_q8 *mats[4] = {S.qkv, S.wo, S.gu, S.down};
         for (int k = 0; k < 4; k++)
-            layers[l].m[k] = {mats[k]->qs, mats[k]->sc,   mats[k]->N,
-                              mats[k]->K,  mats[k]->sp.w, k == 2 ? glu : 0};
+            layers[l].m[k] = {mats[k]->qs, mats[k]->sc, mats[k]->N, mats[k]->K, mats[k]->sp.w, k == 2};
         layers[l].attn_norm = S.attn_norm, layers[l].q_norm = S.q_norm, layers[l].k_norm = S.k_norm;
         layers[l].ffn_norm = S.ffn_norm, layers[l].kc = S.kc, layers[l].vc = S.vc, layers[l].cap = S.cap;
     }
@@ -927,8 +870,8 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
     size_t bytes[4];
     for (int k = 0; k < 4; k++) {
         const fmc_q8 *w = mats0[k];
-        const size_t tiles = k == 2 ? 2 * glu : 1;
-        groups[k] = k == 2 ? w->N / (32 * glu) : (w->N + 15) / 16;
+        const size_t tiles = k == 2 ? 4 : 1;
+        groups[k] = k == 2 ? w->N / 64 : (w->N + 15) / 16;
         bytes[k] = tiles * (size_t)(w->K / 32) * 544;
     }
     if (groups[0] > 65535 || groups[2] > 65535) {
@@ -943,16 +886,15 @@ int fmc_mk_create(const fmc_mk_desc *d, fmc_mk **out, char *why, size_t whylen) 
         mk->allocs.push_back(*dst);
         return src && cudaMemcpy(*dst, src, n, cudaMemcpyHostToDevice) != cudaSuccess ? -1 : 0;
     };
-    void *dl = NULL, *ds = NULL, *dc = NULL, *db = NULL, *dg = NULL;
+    void *dl = NULL, *ds = NULL, *dc = NULL, *db = NULL;
     if (up(&dl, layers.data(), layers.size() * sizeof(mk_layer)) || up(&ds, start.data(), start.size() * 2) ||
-        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4) ||
-        (glu == 2 && up(&dg, NULL, (size_t)d->ffn * 4))) {
+        up(&dc, count.data(), count.size() * 2) || up(&db, NULL, 4)) {
         fmc_mk_free(mk);
         snprintf(why, whylen, "cuda: out of device memory for the persistent kernel's tables");
         return -1;
     }
     p.L = (const mk_layer *)dl, p.gstart = (const unsigned short *)ds, p.gcount = (const unsigned short *)dc;
-    p.bar = (unsigned *)db, p.gf = (float *)dg;
+    p.bar = (unsigned *)db;
     *out = mk;
     return 0;
 }

@@ -111,16 +111,11 @@ template <int MODE> __device__ __forceinline__ void q8_out(const q8_args &a, int
     q8_put(a, row, t, v);
 }
 
-/* The GLU's value of one feature: silu(gate) * up (one expression, so every path gets the same bits). */
-__device__ __forceinline__ float glu_silu_mul(float gv, float uv) {
-    return gv / (1.0f + expf(-gv)) * uv;
-}
-
 /* GLU: one warp, token t, features 32 fb + lane (gate value gv, up value uv): silu(gv) * uv quantised to
  * Q8_0 into a.oq / a.od (fragment order, FB = F/32 blocks). */
 __device__ __forceinline__ void q8_glu_out(const q8_args &a, int t, int fb, int FB, float gv, float uv) {
     const int lane = threadIdx.x & 31;
-    const float v = glu_silu_mul(gv, uv);
+    const float v = gv / (1.0f + expf(-gv)) * uv;
     float d;
     a.oq[frag_off(t, fb * 32 + lane, FB)] = quant_lane(v, &d);
     if (lane == 0) a.od[frag_d(t, fb, FB)] = d;
