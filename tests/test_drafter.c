@@ -338,12 +338,10 @@ static void test_errors(fm_pool *pool) {
     expect_load_error("no file", "/nonexistent/drafter", t64, NULL, "/nonexistent/drafter: cannot open");
     /* synth for a target too shallow for the default layers: it fails, writes nothing and names the flag */
     fmt(cmd, sizeof cmd,
-        "'%s' synth target -o '%s/t2.gguf' -q --layers 2 --dim 32 --heads 2 --kv-heads 1 --ffn 64 --seed 5 "
-        "&& ! "
-        "'%s' synth drafter -m '%s/t2.gguf' -o '%s/t2d.safetensors' --dim 32 --layers 1 --heads 2 --captures "
-        "2 "
-        "--ffn 32 2>'%s/t2d.err' && grep -q -- '--target-layers' '%s/t2d.err' && [ ! -e '%s/t2d.safetensors' "
-        "]",
+        "'%s' synth target -o '%s/t2.gguf' -q --layers 2 --dim 32 --heads 2 --kv-heads 1 --ffn 64 "
+        "--seed 5 && ! '%s' synth drafter -m '%s/t2.gguf' -o '%s/t2d.safetensors' --dim 32 --layers 1 "
+        "--heads 2 --captures 2 --ffn 32 2>'%s/t2d.err' && grep -q -- '--target-layers' '%s/t2d.err' && "
+        "[ ! -e '%s/t2d.safetensors' ]",
         cli(), dir, cli(), dir, dir, dir, dir, dir);
     CHECK_MSG(run_cmd(cmd) == 0,
               "synth drafter with no default layers: no clear error naming --target-layers");

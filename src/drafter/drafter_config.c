@@ -21,17 +21,19 @@ int fm_drafter_default_layers(int L, int n, int *ids, char *err, size_t errlen) 
             return fm_set_error(
                 err, errlen,
                 "drafter: no default target layers for %d captures of a %d-layer target (the rule "
-                "round(1 + i*(L-4)/(n-1)) needs L >= 4); give target_layer_ids in config.json",
+                "round(1 + i*(L-4)/(n-1)) needs L >= 4); give target_layer_ids in config.json or "
+                "--target-layers",
                 n, L);
         /* round half up of 1 + i*(L-4)/(n-1), in integers: floor((2*i*(L-4) + (n-1)) / (2*(n-1))) + 1 */
         for (int i = 0; i < n; i++) ids[i] = 1 + (2 * i * (L - 4) + (n - 1)) / (2 * (n - 1));
     }
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= L || (i && ids[i] <= ids[i - 1]))
-            return fm_set_error(err, errlen,
-                                "drafter: default target layers for %d captures of a %d-layer target are not "
-                                "distinct valid layers; give target_layer_ids in config.json",
-                                n, L);
+            return fm_set_error(
+                err, errlen,
+                "drafter: default target layers for %d captures of a %d-layer target are not "
+                "distinct valid layers; give target_layer_ids in config.json or --target-layers",
+                n, L);
     return 0;
 }
 

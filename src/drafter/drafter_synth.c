@@ -200,15 +200,7 @@ int fm_drafter_synth(const fm_drafter_synth_params *p, int target_dim, int targe
         memcpy(ids, p->target_layers, sizeof(int) * (size_t)n_ids);
     } else {
         n_ids = p->n_capture;
-        if (fm_drafter_default_layers(target_layers, n_ids, ids, err, errlen))
-            /* (the loader's advice names config.json; here the caller names the layers) */
-            return n_ids < 1 || n_ids > FM_DRAFTER_MAX_CAPTURE
-                       ? -1
-                       : fm_set_error(
-                             err, errlen,
-                             "drafter synth: a %d-layer target has no default layers for %d captures; "
-                             "name them (--target-layers)",
-                             target_layers, n_ids);
+        if (fm_drafter_default_layers(target_layers, n_ids, ids, err, errlen)) return -1;
     }
     for (int i = 0; i < n_ids; i++)
         if (ids[i] < 0 || ids[i] >= target_layers)
